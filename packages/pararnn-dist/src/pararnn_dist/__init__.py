@@ -1,0 +1,3 @@
+"""pararnn_dist."""
+
+__version__ = "0.1.0"
