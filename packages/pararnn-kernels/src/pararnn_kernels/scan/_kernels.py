@@ -1,0 +1,651 @@
+"""Triton kernels of the linear-recurrence scans (kernel-only module: no types, no public API).
+
+Conventions shared by every kernel here:
+
+* Tensors are contiguous: diagonal ``[B, T, D]``; block ``jac [B, T, D, K, K]``, ``rhs [B, T, D, K]``.
+* A program walks *processing positions* ``p`` (0 = the first step the recurrence consumes); the
+  time index is ``t = p`` forward and ``t = T - 1 - p`` when ``REVERSE``. Chunks of ``BLOCK_T``
+  positions are loaded as tiles and scanned with ``tl.associative_scan`` under the pair monoid
+  ``(a2, b2)∘(a1, b1) = (a2 a1, a2 b1 + b2)``; the carry (the exact state before the chunk) is
+  applied afterwards, so any length runs with no cap.
+* ``SHIFT`` (the adjoint): the multiplier of position ``p`` is the jac of position ``p - 1``.
+  ``TRANSPOSE`` (block adjoint): the multiplier is ``Aᵀ``.
+* ``GRAD_JAC`` (the adjoint): also write ``∂L/∂jac`` = the adjoint times the state the *original*
+  recurrence consumed at that step, which sits one processing position later (h0 past the end).
+* Padded rows (past the segment end) get multiplier 1 (identity) and offset 0, so the last row of
+  a scanned tile is the state at the chunk's last valid step.
+* Accumulation is float32 whatever the storage dtype.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _combine_diag(a_left, b_left, a_right, b_right):
+    # `left` is the earlier element in processing order.
+    return a_right * a_left, a_right * b_left + b_right
+
+
+@triton.jit
+def _last_row(x, BLOCK_T: tl.constexpr):
+    rows = tl.arange(0, BLOCK_T)
+    return tl.sum(tl.where((rows == BLOCK_T - 1)[:, None], x, 0.0), axis=0)
+
+
+@triton.jit
+def _time_index(p, T, REVERSE: tl.constexpr):
+    if REVERSE:
+        return T - 1 - p
+    else:
+        return p
+
+
+@triton.jit
+def _load_diag_chunk(
+    jac_ptr,
+    rhs_ptr,
+    row_base,
+    p,
+    seg_end,
+    T,
+    D,
+    offs_d,
+    mask_d,
+    REVERSE: tl.constexpr,
+    SHIFT: tl.constexpr,
+):
+    valid = p < seg_end
+    t = _time_index(p, T, REVERSE)
+    t_jac = _time_index(p - SHIFT, T, REVERSE)
+    mask = valid[:, None] & mask_d[None, :]
+    offs = row_base + t[:, None].to(tl.int64) * D + offs_d[None, :]
+    offs_jac = row_base + t_jac[:, None].to(tl.int64) * D + offs_d[None, :]
+    a = tl.load(jac_ptr + offs_jac, mask=mask & (p >= SHIFT)[:, None], other=0.0).to(tl.float32)
+    b = tl.load(rhs_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    a = tl.where(valid[:, None], a, 1.0)
+    return a, b, offs, mask
+
+
+@triton.jit
+def scan_diag_kernel(
+    jac_ptr,
+    rhs_ptr,
+    h0_ptr,
+    out_ptr,
+    prev_ptr,
+    grad_jac_ptr,
+    T,
+    D,
+    HAS_H0: tl.constexpr,
+    REVERSE: tl.constexpr,
+    SHIFT: tl.constexpr,
+    GRAD_JAC: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """Grid (cdiv(D, BLOCK_D), B): one program walks the whole sequence of one channel block.
+
+    Forward (GRAD_JAC=False): the carry starts from h0 when HAS_H0, else zero.
+    Adjoint (SHIFT=GRAD_JAC=True): the carry starts from zero; h0 is the original recurrence's
+    initial state, used for ∂L/∂jac at the boundary.
+    """
+    pid_d = tl.program_id(0)
+    pid_b = tl.program_id(1)
+    offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    mask_d = offs_d < D
+    row_base = pid_b.to(tl.int64) * T * D
+
+    h0 = tl.zeros([BLOCK_D], dtype=tl.float32)
+    if HAS_H0:
+        h0 = tl.load(h0_ptr + pid_b.to(tl.int64) * D + offs_d, mask=mask_d, other=0.0)
+        h0 = h0.to(tl.float32)
+    carry = tl.zeros([BLOCK_D], dtype=tl.float32)
+    if not GRAD_JAC:
+        carry = h0
+
+    # Software pipelining by hand: the next chunk's loads are in flight while this one is
+    # scanned (the last prefetch is fully masked and moves no memory).
+    p = tl.arange(0, BLOCK_T)
+    a_next, b_next, offs_next, mask_next = _load_diag_chunk(
+        jac_ptr, rhs_ptr, row_base, p, T, T, D, offs_d, mask_d, REVERSE, SHIFT
+    )
+    for c0 in range(0, T, BLOCK_T):
+        a, b, offs, mask = a_next, b_next, offs_next, mask_next
+        p = c0 + tl.arange(0, BLOCK_T)
+        a_next, b_next, offs_next, mask_next = _load_diag_chunk(
+            jac_ptr, rhs_ptr, row_base, p + BLOCK_T, T, T, D, offs_d, mask_d, REVERSE, SHIFT
+        )
+        if GRAD_JAC:
+            p_next = p + 1
+            t_next = _time_index(p_next, T, REVERSE)
+            offs_prev = row_base + t_next[:, None].to(tl.int64) * D + offs_d[None, :]
+            prev = tl.load(prev_ptr + offs_prev, mask=mask & (p_next < T)[:, None], other=0.0)
+            prev = prev.to(tl.float32)
+            if HAS_H0:
+                prev = tl.where((p_next == T)[:, None], h0[None, :], prev)
+        prod, acc = tl.associative_scan((a, b), 0, _combine_diag)
+        y = acc + prod * carry[None, :]
+        tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+        if GRAD_JAC:
+            tl.store(grad_jac_ptr + offs, (y * prev).to(grad_jac_ptr.dtype.element_ty), mask=mask)
+        carry = _last_row(y, BLOCK_T)
+
+
+# ----------------------------------------------------------------------------------------------
+# Diagonal scan in one pass with decoupled look-back.
+#
+# Every program owns one tile of GROUPS x ROWS consecutive steps by BLOCK_D channels. Inside the
+# tile each thread walks ROWS consecutive steps sequentially (pass 1: the group's monoid element;
+# pass 2: the states), and only the GROUPS group totals go through tl.associative_scan: far fewer
+# instructions per element than scanning every step across lanes. Pass 2 re-reads the tile,
+# which the program has just read (cache hits, not HBM traffic).
+#
+# Tiles find their exact incoming state by decoupled look-back: each publishes its tile monoid
+# (flag 1) as soon as pass 1 is done, and its inclusive state (flag 2) as soon as it knows its
+# carry; a tile walks back over predecessors' monoids until it meets an inclusive state.
+# Decisions are taken on *scalar* flags (one atomic per program, broadcast to all its threads),
+# so every thread of a program follows the same path; data is written once, before its flag
+# (stores, barrier, release), and read after it (acquire, volatile loads).
+# Tiles are handed out by an atomic ticket, so a program only waits on tiles whose programs
+# already run: no deadlock whatever order the hardware schedules programs in.
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def scan_diag_lookback_kernel(
+    jac_ptr,
+    rhs_ptr,
+    h0_ptr,
+    out_ptr,
+    prev_ptr,
+    grad_jac_ptr,
+    agg_a_ptr,
+    agg_b_ptr,
+    incl_ptr,
+    flag_ptr,
+    ticket_ptr,
+    T,
+    D,
+    n_cols_d,
+    n_tiles,
+    HAS_H0: tl.constexpr,
+    REVERSE: tl.constexpr,
+    SHIFT: tl.constexpr,
+    GRAD_JAC: tl.constexpr,
+    GROUPS: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """Grid (n_tiles * B * n_cols_d,): one program per tile, handed out in ticket order.
+
+    Forward (GRAD_JAC=False): the first tile starts from h0 when HAS_H0, else zero.
+    Adjoint (SHIFT=GRAD_JAC=True): the first tile starts from zero; h0 is the original
+    recurrence's initial state, used for ∂L/∂jac at the boundary.
+    agg_a_ptr, agg_b_ptr, incl_ptr: ``[B * n_cols_d, n_tiles, BLOCK_D]`` float32 (any contents);
+    flag_ptr: ``[B * n_cols_d, n_tiles]`` int32 zeros; ticket_ptr: one int32 zero.
+    """
+    ticket = tl.atomic_add(ticket_ptr, 1)
+    n_cols = tl.num_programs(0) // n_tiles
+    tile = ticket // n_cols
+    col = ticket % n_cols
+    pid_b = col // n_cols_d
+    pid_d = col % n_cols_d
+    offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    lanes = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < D
+    row_base = pid_b.to(tl.int64) * T * D
+    seg_end = tl.minimum((tile + 1) * (GROUPS * ROWS), T)
+    groups = tl.arange(0, GROUPS)
+    first = tile * (GROUPS * ROWS) + groups * ROWS
+
+    # Pass 1: each group's monoid element, sequentially inside the thread.
+    tot_a = tl.full([GROUPS, BLOCK_D], 1.0, dtype=tl.float32)
+    tot_b = tl.zeros([GROUPS, BLOCK_D], dtype=tl.float32)
+    for r in tl.static_range(ROWS):
+        a, b, _offs, _mask = _load_diag_chunk(
+            jac_ptr, rhs_ptr, row_base, first + r, seg_end, T, D, offs_d, mask_d, REVERSE, SHIFT
+        )
+        tot_b = a * tot_b + b
+        tot_a = a * tot_a
+    inc_a, inc_b = tl.associative_scan((tot_a, tot_b), 0, _combine_diag)
+    tile_a = _last_row(inc_a, GROUPS)
+    tile_b = _last_row(inc_b, GROUPS)
+
+    # Look-back: the exact state entering this tile.
+    flags = flag_ptr + col.to(tl.int64) * n_tiles
+    slots = (col.to(tl.int64) * n_tiles) * BLOCK_D + lanes
+    carry = tl.zeros([BLOCK_D], dtype=tl.float32)
+    if tile == 0:
+        if HAS_H0 and not GRAD_JAC:
+            carry = tl.load(h0_ptr + pid_b.to(tl.int64) * D + offs_d, mask=mask_d, other=0.0)
+            carry = carry.to(tl.float32)
+    else:
+        tl.store(agg_a_ptr + slots + tile * BLOCK_D, tile_a)
+        tl.store(agg_b_ptr + slots + tile * BLOCK_D, tile_b)
+        tl.debug_barrier()
+        tl.atomic_xchg(flags + tile, 1, sem="release")
+        run_a = tl.full([BLOCK_D], 1.0, dtype=tl.float32)
+        run_b = tl.zeros([BLOCK_D], dtype=tl.float32)
+        j = tile - 1
+        while j >= 0:
+            flag = tl.atomic_add(flags + j, 0, sem="acquire")
+            if flag == 2:
+                state = tl.load(incl_ptr + slots + j * BLOCK_D, volatile=True)
+                carry = run_a * state + run_b
+                j = -1
+            elif flag == 1:
+                agg_a = tl.load(agg_a_ptr + slots + j * BLOCK_D, volatile=True)
+                agg_b = tl.load(agg_b_ptr + slots + j * BLOCK_D, volatile=True)
+                run_b = run_a * agg_b + run_b
+                run_a = run_a * agg_a
+                j = j - 1
+    tl.store(incl_ptr + slots + tile * BLOCK_D, tile_a * carry + tile_b)
+    tl.debug_barrier()
+    tl.atomic_xchg(flags + tile, 2, sem="release")
+
+    # The state entering each group: the state after the group before it (carry for group 0).
+    after = inc_a * carry[None, :] + inc_b
+    before = tl.maximum(groups - 1, 0)[:, None] + tl.zeros([GROUPS, BLOCK_D], dtype=tl.int32)
+    y = tl.gather(after, before, 0)
+    y = tl.where((groups == 0)[:, None], carry[None, :], y)
+
+    # Pass 2: the states, sequentially inside the thread (the tile is re-read from cache).
+    if GRAD_JAC and HAS_H0:
+        h0 = tl.load(h0_ptr + pid_b.to(tl.int64) * D + offs_d, mask=mask_d, other=0.0)
+        h0 = h0.to(tl.float32)
+    for r in tl.static_range(ROWS):
+        p = first + r
+        a, b, offs, mask = _load_diag_chunk(
+            jac_ptr, rhs_ptr, row_base, p, seg_end, T, D, offs_d, mask_d, REVERSE, SHIFT
+        )
+        y = a * y + b
+        tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+        if GRAD_JAC:
+            p_next = p + 1
+            t_next = _time_index(p_next, T, REVERSE)
+            offs_prev = row_base + t_next[:, None].to(tl.int64) * D + offs_d[None, :]
+            prev = tl.load(prev_ptr + offs_prev, mask=mask & (p_next < T)[:, None], other=0.0)
+            prev = prev.to(tl.float32)
+            if HAS_H0:
+                prev = tl.where((p_next == T)[:, None], h0[None, :], prev)
+            tl.store(grad_jac_ptr + offs, (y * prev).to(grad_jac_ptr.dtype.element_ty), mask=mask)
+
+
+# ----------------------------------------------------------------------------------------------
+# Block-diagonal scan: K <= 4, padded to 4x4 (padded coordinates stay exactly zero).
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _matvec4(
+    m00, m01, m02, m03, m10, m11, m12, m13, m20, m21, m22, m23, m30, m31, m32, m33, v0, v1, v2, v3
+):
+    return (
+        m00 * v0 + m01 * v1 + m02 * v2 + m03 * v3,
+        m10 * v0 + m11 * v1 + m12 * v2 + m13 * v3,
+        m20 * v0 + m21 * v1 + m22 * v2 + m23 * v3,
+        m30 * v0 + m31 * v1 + m32 * v2 + m33 * v3,
+    )
+
+
+@triton.jit
+def _combine_block4(
+    a00, a01, a02, a03, a10, a11, a12, a13, a20, a21, a22, a23, a30, a31, a32, a33,
+    b0, b1, b2, b3,
+    c00, c01, c02, c03, c10, c11, c12, c13, c20, c21, c22, c23, c30, c31, c32, c33,
+    d0, d1, d2, d3,
+):  # fmt: skip
+    # (C, d)∘(A, b) = (C A, C b + d); (A, b) is the earlier element.
+    r00, r10, r20, r30 = _matvec4(
+        c00,
+        c01,
+        c02,
+        c03,
+        c10,
+        c11,
+        c12,
+        c13,
+        c20,
+        c21,
+        c22,
+        c23,
+        c30,
+        c31,
+        c32,
+        c33,
+        a00,
+        a10,
+        a20,
+        a30,
+    )
+    r01, r11, r21, r31 = _matvec4(
+        c00,
+        c01,
+        c02,
+        c03,
+        c10,
+        c11,
+        c12,
+        c13,
+        c20,
+        c21,
+        c22,
+        c23,
+        c30,
+        c31,
+        c32,
+        c33,
+        a01,
+        a11,
+        a21,
+        a31,
+    )
+    r02, r12, r22, r32 = _matvec4(
+        c00,
+        c01,
+        c02,
+        c03,
+        c10,
+        c11,
+        c12,
+        c13,
+        c20,
+        c21,
+        c22,
+        c23,
+        c30,
+        c31,
+        c32,
+        c33,
+        a02,
+        a12,
+        a22,
+        a32,
+    )
+    r03, r13, r23, r33 = _matvec4(
+        c00,
+        c01,
+        c02,
+        c03,
+        c10,
+        c11,
+        c12,
+        c13,
+        c20,
+        c21,
+        c22,
+        c23,
+        c30,
+        c31,
+        c32,
+        c33,
+        a03,
+        a13,
+        a23,
+        a33,
+    )
+    s0, s1, s2, s3 = _matvec4(
+        c00,
+        c01,
+        c02,
+        c03,
+        c10,
+        c11,
+        c12,
+        c13,
+        c20,
+        c21,
+        c22,
+        c23,
+        c30,
+        c31,
+        c32,
+        c33,
+        b0,
+        b1,
+        b2,
+        b3,
+    )
+    return (
+        r00, r01, r02, r03, r10, r11, r12, r13, r20, r21, r22, r23, r30, r31, r32, r33,
+        s0 + d0, s1 + d1, s2 + d2, s3 + d3,
+    )  # fmt: skip
+
+
+@triton.jit
+def _combine_block2(a00, a01, a10, a11, b0, b1, c00, c01, c10, c11, d0, d1):
+    # The 2x2 case of _combine_block4 (LSTM-sized blocks): a quarter of the arithmetic.
+    return (
+        c00 * a00 + c01 * a10,
+        c00 * a01 + c01 * a11,
+        c10 * a00 + c11 * a10,
+        c10 * a01 + c11 * a11,
+        c00 * b0 + c01 * b1 + d0,
+        c10 * b0 + c11 * b1 + d1,
+    )
+
+
+@triton.jit
+def _load_jac_entry(
+    jac_ptr, elem, mask, valid, I: tl.constexpr, J: tl.constexpr, K: tl.constexpr,
+    TRANSPOSE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    if I < K and J < K:
+        if TRANSPOSE:
+            idx = J * K + I
+        else:
+            idx = I * K + J
+        v = tl.load(jac_ptr + elem * (K * K) + idx, mask=mask, other=0.0).to(tl.float32)
+        if I == J:
+            v = tl.where(valid[:, None], v, 1.0)
+    else:
+        v = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
+    return v
+
+
+@triton.jit
+def _load_vec_entry(
+    ptr, elem, mask, I: tl.constexpr, K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr
+):
+    if I < K:
+        v = tl.load(ptr + elem * K + I, mask=mask, other=0.0).to(tl.float32)
+    else:
+        v = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
+    return v
+
+
+@triton.jit
+def _load_state_entry(ptr, base, mask_d, I: tl.constexpr, K: tl.constexpr, BLOCK_D: tl.constexpr):
+    if I < K:
+        v = tl.load(ptr + base * K + I, mask=mask_d, other=0.0).to(tl.float32)
+    else:
+        v = tl.zeros([BLOCK_D], dtype=tl.float32)
+    return v
+
+
+@triton.jit
+def _store_vec_entry(ptr, elem, value, mask, I: tl.constexpr, K: tl.constexpr):
+    if I < K:
+        tl.store(ptr + elem * K + I, value.to(ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _store_outer_row(ptr, elem, mu_i, v0, v1, v2, v3, mask, I: tl.constexpr, K: tl.constexpr):
+    # ∂L/∂A[i, j] = μ_i * prev_j for j < K.
+    if I < K:
+        row = ptr + elem * (K * K) + I * K
+        tl.store(row + 0, (mu_i * v0).to(ptr.dtype.element_ty), mask=mask)
+        if K > 1:
+            tl.store(row + 1, (mu_i * v1).to(ptr.dtype.element_ty), mask=mask)
+        if K > 2:
+            tl.store(row + 2, (mu_i * v2).to(ptr.dtype.element_ty), mask=mask)
+        if K > 3:
+            tl.store(row + 3, (mu_i * v3).to(ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def scan_block_diag_kernel(
+    jac_ptr,
+    rhs_ptr,
+    h0_ptr,
+    out_ptr,
+    prev_ptr,
+    grad_jac_ptr,
+    T,
+    D,
+    K: tl.constexpr,
+    HAS_H0: tl.constexpr,
+    REVERSE: tl.constexpr,
+    SHIFT: tl.constexpr,
+    TRANSPOSE: tl.constexpr,
+    GRAD_JAC: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """Grid (cdiv(D, BLOCK_D), B): one program walks the whole sequence of one channel block.
+
+    Forward (``GRAD_JAC=False``): h0 ``[B, D, K]`` is the initial state when HAS_H0.
+    Adjoint (``SHIFT=TRANSPOSE=GRAD_JAC=True``): the initial carry is zero and h0 (when HAS_H0)
+    is the original recurrence's initial state, used for ``∂L/∂A`` at the boundary.
+    """
+    pid_d = tl.program_id(0)
+    pid_b = tl.program_id(1)
+    offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    mask_d = offs_d < D
+    state_base = pid_b.to(tl.int64) * D + offs_d
+    row_base = pid_b.to(tl.int64) * T * D
+
+    y0 = tl.zeros([BLOCK_D], dtype=tl.float32)
+    y1 = tl.zeros([BLOCK_D], dtype=tl.float32)
+    y2 = tl.zeros([BLOCK_D], dtype=tl.float32)
+    y3 = tl.zeros([BLOCK_D], dtype=tl.float32)
+    h0_0 = tl.zeros([BLOCK_D], dtype=tl.float32)
+    h0_1 = tl.zeros([BLOCK_D], dtype=tl.float32)
+    h0_2 = tl.zeros([BLOCK_D], dtype=tl.float32)
+    h0_3 = tl.zeros([BLOCK_D], dtype=tl.float32)
+    if HAS_H0:
+        h0_0 = _load_state_entry(h0_ptr, state_base, mask_d, 0, K, BLOCK_D)
+        h0_1 = _load_state_entry(h0_ptr, state_base, mask_d, 1, K, BLOCK_D)
+        h0_2 = _load_state_entry(h0_ptr, state_base, mask_d, 2, K, BLOCK_D)
+        h0_3 = _load_state_entry(h0_ptr, state_base, mask_d, 3, K, BLOCK_D)
+        if not GRAD_JAC:
+            y0, y1, y2, y3 = h0_0, h0_1, h0_2, h0_3
+
+    for c0 in range(0, T, BLOCK_T):
+        p = c0 + tl.arange(0, BLOCK_T)
+        valid = p < T
+        t = _time_index(p, T, REVERSE)
+        t_jac = _time_index(p - SHIFT, T, REVERSE)
+        mask = valid[:, None] & mask_d[None, :]
+        elem = row_base + t[:, None].to(tl.int64) * D + offs_d[None, :]
+        elem_jac = row_base + t_jac[:, None].to(tl.int64) * D + offs_d[None, :]
+        mask_jac = mask & (p >= SHIFT)[:, None]
+        a00 = _load_jac_entry(
+            jac_ptr, elem_jac, mask_jac, valid, 0, 0, K, TRANSPOSE, BLOCK_T, BLOCK_D
+        )
+        a01 = _load_jac_entry(
+            jac_ptr, elem_jac, mask_jac, valid, 0, 1, K, TRANSPOSE, BLOCK_T, BLOCK_D
+        )
+        a02 = _load_jac_entry(
+            jac_ptr, elem_jac, mask_jac, valid, 0, 2, K, TRANSPOSE, BLOCK_T, BLOCK_D
+        )
+        a03 = _load_jac_entry(
+            jac_ptr, elem_jac, mask_jac, valid, 0, 3, K, TRANSPOSE, BLOCK_T, BLOCK_D
+        )
+        a10 = _load_jac_entry(
+            jac_ptr, elem_jac, mask_jac, valid, 1, 0, K, TRANSPOSE, BLOCK_T, BLOCK_D
+        )
+        a11 = _load_jac_entry(
+            jac_ptr, elem_jac, mask_jac, valid, 1, 1, K, TRANSPOSE, BLOCK_T, BLOCK_D
+        )
+        a12 = _load_jac_entry(
+            jac_ptr, elem_jac, mask_jac, valid, 1, 2, K, TRANSPOSE, BLOCK_T, BLOCK_D
+        )
+        a13 = _load_jac_entry(
+            jac_ptr, elem_jac, mask_jac, valid, 1, 3, K, TRANSPOSE, BLOCK_T, BLOCK_D
+        )
+        a20 = _load_jac_entry(
+            jac_ptr, elem_jac, mask_jac, valid, 2, 0, K, TRANSPOSE, BLOCK_T, BLOCK_D
+        )
+        a21 = _load_jac_entry(
+            jac_ptr, elem_jac, mask_jac, valid, 2, 1, K, TRANSPOSE, BLOCK_T, BLOCK_D
+        )
+        a22 = _load_jac_entry(
+            jac_ptr, elem_jac, mask_jac, valid, 2, 2, K, TRANSPOSE, BLOCK_T, BLOCK_D
+        )
+        a23 = _load_jac_entry(
+            jac_ptr, elem_jac, mask_jac, valid, 2, 3, K, TRANSPOSE, BLOCK_T, BLOCK_D
+        )
+        a30 = _load_jac_entry(
+            jac_ptr, elem_jac, mask_jac, valid, 3, 0, K, TRANSPOSE, BLOCK_T, BLOCK_D
+        )
+        a31 = _load_jac_entry(
+            jac_ptr, elem_jac, mask_jac, valid, 3, 1, K, TRANSPOSE, BLOCK_T, BLOCK_D
+        )
+        a32 = _load_jac_entry(
+            jac_ptr, elem_jac, mask_jac, valid, 3, 2, K, TRANSPOSE, BLOCK_T, BLOCK_D
+        )
+        a33 = _load_jac_entry(
+            jac_ptr, elem_jac, mask_jac, valid, 3, 3, K, TRANSPOSE, BLOCK_T, BLOCK_D
+        )
+        b0 = _load_vec_entry(rhs_ptr, elem, mask, 0, K, BLOCK_T, BLOCK_D)
+        b1 = _load_vec_entry(rhs_ptr, elem, mask, 1, K, BLOCK_T, BLOCK_D)
+        b2 = _load_vec_entry(rhs_ptr, elem, mask, 2, K, BLOCK_T, BLOCK_D)
+        b3 = _load_vec_entry(rhs_ptr, elem, mask, 3, K, BLOCK_T, BLOCK_D)
+
+        if K <= 2:
+            p00, p01, p10, p11, s0, s1 = tl.associative_scan(
+                (a00, a01, a10, a11, b0, b1), 0, _combine_block2
+            )
+            # Entries 2 and 3 stay the exact zeros they were loaded as.
+            p02, p03, p12, p13 = a02, a03, a12, a13
+            p20, p21, p22, p23, p30, p31, p32, p33 = a20, a21, a22, a23, a30, a31, a32, a33
+            s2, s3 = b2, b3
+        else:
+            (
+                p00, p01, p02, p03, p10, p11, p12, p13, p20, p21, p22, p23, p30, p31, p32, p33,
+                s0, s1, s2, s3,
+            ) = tl.associative_scan(
+                (
+                    a00, a01, a02, a03, a10, a11, a12, a13, a20, a21, a22, a23, a30, a31, a32, a33,
+                    b0, b1, b2, b3,
+                ),
+                0,
+                _combine_block4,
+            )  # fmt: skip
+        c0_, c1_, c2_, c3_ = _matvec4(
+            p00, p01, p02, p03, p10, p11, p12, p13, p20, p21, p22, p23, p30, p31, p32, p33,
+            y0[None, :], y1[None, :], y2[None, :], y3[None, :],
+        )  # fmt: skip
+        o0 = s0 + c0_
+        o1 = s1 + c1_
+        o2 = s2 + c2_
+        o3 = s3 + c3_
+        _store_vec_entry(out_ptr, elem, o0, mask, 0, K)
+        _store_vec_entry(out_ptr, elem, o1, mask, 1, K)
+        _store_vec_entry(out_ptr, elem, o2, mask, 2, K)
+        _store_vec_entry(out_ptr, elem, o3, mask, 3, K)
+        if GRAD_JAC:
+            p_next = p + 1
+            t_next = _time_index(p_next, T, REVERSE)
+            elem_next = row_base + t_next[:, None].to(tl.int64) * D + offs_d[None, :]
+            mask_next = mask & (p_next < T)[:, None]
+            v0 = _load_vec_entry(prev_ptr, elem_next, mask_next, 0, K, BLOCK_T, BLOCK_D)
+            v1 = _load_vec_entry(prev_ptr, elem_next, mask_next, 1, K, BLOCK_T, BLOCK_D)
+            v2 = _load_vec_entry(prev_ptr, elem_next, mask_next, 2, K, BLOCK_T, BLOCK_D)
+            v3 = _load_vec_entry(prev_ptr, elem_next, mask_next, 3, K, BLOCK_T, BLOCK_D)
+            if HAS_H0:
+                at_end = (p_next == T)[:, None]
+                v0 = tl.where(at_end, h0_0[None, :], v0)
+                v1 = tl.where(at_end, h0_1[None, :], v1)
+                v2 = tl.where(at_end, h0_2[None, :], v2)
+                v3 = tl.where(at_end, h0_3[None, :], v3)
+            _store_outer_row(grad_jac_ptr, elem, o0, v0, v1, v2, v3, mask, 0, K)
+            _store_outer_row(grad_jac_ptr, elem, o1, v0, v1, v2, v3, mask, 1, K)
+            _store_outer_row(grad_jac_ptr, elem, o2, v0, v1, v2, v3, mask, 2, K)
+            _store_outer_row(grad_jac_ptr, elem, o3, v0, v1, v2, v3, mask, 3, K)
+        y0 = _last_row(o0, BLOCK_T)
+        y1 = _last_row(o1, BLOCK_T)
+        y2 = _last_row(o2, BLOCK_T)
+        y3 = _last_row(o3, BLOCK_T)

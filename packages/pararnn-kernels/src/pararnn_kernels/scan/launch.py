@@ -1,0 +1,334 @@
+"""Typed launchers of the Triton scan kernels, and the launch plan that picks among them.
+
+The diagonal scan has two launch shapes; :func:`plan_scan_diag` picks one from (B, T, D, storage
+size, device):
+
+* ``"chunked"`` -- one program per (batch, block of channels) walks the whole sequence in
+  chunks; every input is read once and every output written once. Chosen when there are enough
+  channel blocks to fill the GPU.
+* ``"lookback"`` -- one program per (tile of steps, block of channels); tiles get their exact
+  incoming state by decoupled look-back over their predecessors' published monoids. Still one
+  read of every input and one write of every output, and T fills the GPU when B·D cannot.
+  (It replaced a reduce-then-scan split along T, which reads the inputs twice and measured slower
+  at every shape with few channels: docs/benchmarks.md.)
+
+The kernels are imported on first use, so importing this module needs no GPU and compiles nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+from ..dispatch import multiprocessor_count
+
+__all__ = [
+    "DiagScanPlan",
+    "ScanMethod",
+    "plan_scan_diag",
+    "triton_scan_block_diag",
+    "triton_scan_block_diag_backward",
+    "triton_scan_diag",
+    "triton_scan_diag_backward",
+]
+
+ScanMethod = Literal["chunked", "lookback"]
+
+# A single chunked pass needs this many channel-block programs per multiprocessor.
+_PROGRAMS_PER_SM = 4
+
+
+@dataclass(frozen=True)
+class DiagScanPlan:
+    """How one diagonal scan is launched.
+
+    Attributes:
+        method: ``"chunked"`` or ``"lookback"`` (module docstring).
+        block_t: steps per chunk (chunked) or per tile (lookback); a power of two.
+        block_d: channels per program (a power of two).
+        num_warps: warps per program.
+        rows: lookback only: consecutive steps each thread walks sequentially (divides block_t).
+    """
+
+    method: ScanMethod
+    block_t: int
+    block_d: int
+    num_warps: int = 4
+    rows: int = 4
+
+
+def plan_scan_diag(
+    batch: int,
+    steps: int,
+    channels: int,
+    device: torch.device,
+    *,
+    element_size: int = 4,
+    method: ScanMethod | None = None,
+    block_t: int | None = None,
+    block_d: int | None = None,
+    num_warps: int | None = None,
+    rows: int | None = None,
+) -> DiagScanPlan:
+    """Launch plan for a ``[batch, steps, channels]`` diagonal scan; arguments override the model.
+
+    The cost model: a single chunked pass when ``B * ceil(D / 64)`` channel blocks give every
+    multiprocessor ``_PROGRAMS_PER_SM`` programs, the look-back scan otherwise (it fills the GPU
+    along T at the same bytes). Tile shapes are the best of the H200 sweep in
+    ``docs/benchmarks.md``: look-back tiles of 128 steps x 32 channels for 4-byte storage and
+    256 x 64 for 2-byte storage, 4 steps per thread; chunks of 64 steps x 64 channels.
+    ``steps`` is part of the signature for the cost model; no choice depends on it yet.
+    """
+    if method is None:
+        target = _PROGRAMS_PER_SM * multiprocessor_count(device)
+        wide = batch * math.ceil(channels / 64) >= target
+        method = "chunked" if wide else "lookback"
+    if method == "lookback":
+        four_bytes = element_size >= 4
+        rows = rows or 4
+        block_d = block_d or min(32 if four_bytes else 64, triton_next_power_of_2(channels))
+        block_t = max(block_t or (128 if four_bytes else 256), rows)
+        return DiagScanPlan("lookback", block_t, block_d, num_warps or 4, rows)
+    block_d = block_d or min(64, triton_next_power_of_2(channels))
+    return DiagScanPlan("chunked", block_t or 64, block_d, num_warps or 4)
+
+
+def triton_next_power_of_2(n: int) -> int:
+    """Smallest power of two >= n (n >= 1)."""
+    return 1 << max(0, n - 1).bit_length()
+
+
+def _kernels() -> Any:
+    from . import _kernels
+
+    return _kernels
+
+
+def _wrap(kernel: Any) -> Any:
+    return torch.library.wrap_triton(kernel)
+
+
+def _launch_diag_chunked(
+    jac: Tensor,
+    rhs: Tensor,
+    h0: Tensor | None,
+    out: Tensor,
+    plan: DiagScanPlan,
+    *,
+    reverse: bool,
+    shift: bool,
+    prev: Tensor | None = None,
+    grad_jac: Tensor | None = None,
+) -> None:
+    batch, steps, channels = rhs.shape
+    _wrap(_kernels().scan_diag_kernel)[(math.ceil(channels / plan.block_d), batch)](
+        jac,
+        rhs,
+        h0 if h0 is not None else out,
+        out,
+        prev if prev is not None else out,
+        grad_jac if grad_jac is not None else out,
+        steps,
+        channels,
+        HAS_H0=h0 is not None,
+        REVERSE=reverse,
+        SHIFT=shift,
+        GRAD_JAC=grad_jac is not None,
+        BLOCK_T=plan.block_t,
+        BLOCK_D=plan.block_d,
+        num_warps=plan.num_warps,
+    )
+
+
+def _launch_diag_lookback(
+    jac: Tensor,
+    rhs: Tensor,
+    h0: Tensor | None,
+    out: Tensor,
+    plan: DiagScanPlan,
+    *,
+    reverse: bool,
+    shift: bool,
+    prev: Tensor | None = None,
+    grad_jac: Tensor | None = None,
+) -> None:
+    batch, steps, channels = rhs.shape
+    n_cols_d = math.ceil(channels / plan.block_d)
+    n_tiles = math.ceil(steps / plan.block_t)
+    n_cols = batch * n_cols_d
+    dev = rhs.device
+    # Published tile monoids (Π a, state from zero) and inclusive states; flags and the ticket
+    # counter must start at zero, the monoids need no initialisation.
+    monoids = torch.empty(3, n_cols, n_tiles, plan.block_d, device=dev, dtype=torch.float32)
+    flags = torch.zeros(n_cols * n_tiles + 1, device=dev, dtype=torch.int32)
+    _wrap(_kernels().scan_diag_lookback_kernel)[(n_tiles * n_cols,)](
+        jac,
+        rhs,
+        h0 if h0 is not None else out,
+        out,
+        prev if prev is not None else out,
+        grad_jac if grad_jac is not None else out,
+        monoids[0],
+        monoids[1],
+        monoids[2],
+        flags,
+        flags[-1:],
+        steps,
+        channels,
+        n_cols_d,
+        n_tiles,
+        HAS_H0=h0 is not None,
+        REVERSE=reverse,
+        SHIFT=shift,
+        GRAD_JAC=grad_jac is not None,
+        GROUPS=plan.block_t // plan.rows,
+        ROWS=plan.rows,
+        BLOCK_D=plan.block_d,
+        num_warps=plan.num_warps,
+    )
+
+
+def _launcher(plan: DiagScanPlan) -> Any:
+    return _launch_diag_lookback if plan.method == "lookback" else _launch_diag_chunked
+
+
+def triton_scan_diag(
+    jac: Tensor,
+    rhs: Tensor,
+    h0: Tensor | None,
+    *,
+    reverse: bool,
+    **overrides: Any,
+) -> Tensor:
+    """Diagonal scan on contiguous ``[B, T, D]`` tensors; returns ``[B, T, D]`` in rhs's dtype.
+
+    h0 ``[B, D]`` or None. ``overrides`` (``method``, ``block_t``, ``block_d``, ``num_warps``,
+    ``rows``) replace the launch plan's choices: tests reach chunk and tile boundaries with them
+    at small sizes, the benchmark tunes with them.
+    """
+    batch, steps, channels = rhs.shape
+    plan = plan_scan_diag(
+        batch, steps, channels, rhs.device, element_size=rhs.element_size(), **overrides
+    )
+    out = torch.empty_like(rhs)
+    _launcher(plan)(jac, rhs, h0, out, plan, reverse=reverse, shift=False)
+    return out
+
+
+def triton_scan_diag_backward(
+    jac: Tensor,
+    y: Tensor,
+    h0: Tensor | None,
+    grad_y: Tensor,
+    *,
+    reverse: bool,
+    **overrides: Any,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Adjoint of :func:`triton_scan_diag`: ``(∂L/∂jac, ∂L/∂rhs, ∂L/∂h0)``.
+
+    One fused pass in the other direction reads jac, y and grad_y and writes both ``[B, T, D]``
+    gradients (the formula is in
+    :func:`pararnn_kernels.scan.reference.reference_scan_diag_backward`). ``∂L/∂h0`` ``[B, D]``
+    is returned even when h0 is None. ``overrides`` as for :func:`triton_scan_diag`.
+    """
+    batch, steps, channels = y.shape
+    plan = plan_scan_diag(
+        batch, steps, channels, y.device, element_size=y.element_size(), **overrides
+    )
+    grad_rhs = torch.empty_like(y)
+    grad_jac = torch.empty_like(jac)
+    _launcher(plan)(
+        jac, grad_y, h0, grad_rhs, plan, reverse=not reverse, shift=True, prev=y, grad_jac=grad_jac
+    )
+    first = steps - 1 if reverse else 0
+    grad_h0 = (jac[:, first].float() * grad_rhs[:, first].float()).to(y.dtype)
+    return grad_jac, grad_rhs, grad_h0
+
+
+def _block_plan(channels: int, k: int) -> tuple[int, int]:
+    block_d = min(16, triton_next_power_of_2(channels))
+    block_t = 16 if k > 2 else 32
+    return block_t, block_d
+
+
+def triton_scan_block_diag(
+    jac: Tensor,
+    rhs: Tensor,
+    h0: Tensor | None,
+    *,
+    reverse: bool,
+    block_t: int | None = None,
+    block_d: int | None = None,
+) -> Tensor:
+    """Block scan on contiguous jac ``[B, T, D, k, k]``, rhs ``[B, T, D, k]``, k <= 4."""
+    batch, steps, channels, k = rhs.shape
+    default_t, default_d = _block_plan(channels, k)
+    block_t, block_d = block_t or default_t, block_d or default_d
+    out = torch.empty_like(rhs)
+    grid = (math.ceil(channels / block_d), batch)
+    _wrap(_kernels().scan_block_diag_kernel)[grid](
+        jac,
+        rhs,
+        h0 if h0 is not None else out,
+        out,
+        out,
+        out,
+        steps,
+        channels,
+        K=k,
+        HAS_H0=h0 is not None,
+        REVERSE=reverse,
+        SHIFT=False,
+        TRANSPOSE=False,
+        GRAD_JAC=False,
+        BLOCK_T=block_t,
+        BLOCK_D=block_d,
+        num_warps=4,
+    )
+    return out
+
+
+def triton_scan_block_diag_backward(
+    jac: Tensor,
+    y: Tensor,
+    h0: Tensor | None,
+    grad_y: Tensor,
+    *,
+    reverse: bool,
+    block_t: int | None = None,
+    block_d: int | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Adjoint of :func:`triton_scan_block_diag`: ``(∂L/∂jac, ∂L/∂rhs, ∂L/∂h0)`` in one pass."""
+    batch, steps, channels, k = y.shape
+    default_t, default_d = _block_plan(channels, k)
+    block_t, block_d = block_t or default_t, block_d or default_d
+    grad_rhs = torch.empty_like(y)
+    grad_jac = torch.empty_like(jac)
+    grid = (math.ceil(channels / block_d), batch)
+    _wrap(_kernels().scan_block_diag_kernel)[grid](
+        jac,
+        grad_y,
+        h0 if h0 is not None else y,
+        grad_rhs,
+        y,
+        grad_jac,
+        steps,
+        channels,
+        K=k,
+        HAS_H0=h0 is not None,
+        REVERSE=not reverse,
+        SHIFT=True,
+        TRANSPOSE=True,
+        GRAD_JAC=True,
+        BLOCK_T=block_t,
+        BLOCK_D=block_d,
+        num_warps=4,
+    )
+    first = steps - 1 if reverse else 0
+    a_first = jac[:, first].float().transpose(-1, -2)
+    grad_h0 = (a_first @ grad_rhs[:, first].float().unsqueeze(-1)).squeeze(-1).to(y.dtype)
+    return grad_jac, grad_rhs, grad_h0

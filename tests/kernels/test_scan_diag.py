@@ -1,0 +1,250 @@
+"""scan_diag: every backend, both directions, with and without h0, forward and every gradient,
+against a float64 sequential loop (and autograd through it)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import Tensor
+
+from pararnn_kernels import scan_diag, sequential_scan_diag
+from pararnn_kernels.scan import launch
+from pararnn_kernels.scan.reference import reference_scan_diag, reference_scan_diag_backward
+from pararnn_kernels.testing import assert_close
+
+from .conftest import Case, needs_cuda
+
+# Relative error (max |err| / max |ref|) allowed per storage dtype, forward and gradients.
+# fp16/bf16 store inputs, outputs and the saved y rounded (2^-11, 2^-8 relative), so the
+# references are computed from the rounded inputs and the bounds are a few output roundings.
+FORWARD_TOL = {
+    torch.float64: 1e-12,
+    torch.float32: 1e-5,
+    torch.float16: 2e-3,
+    torch.bfloat16: 1.6e-2,
+}
+GRAD_TOL = {torch.float64: 1e-12, torch.float32: 1e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
+
+STEPS = [1, 2, 17, 63, 1000]
+
+
+def make_inputs(
+    batch: int, steps: int, channels: int, *, dtype: torch.dtype, device: str, with_h0: bool
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    # Multipliers of both signs, inside the unit disc: a contracting recurrence.
+    jac = (0.95 * (2 * torch.rand(batch, steps, channels, dtype=torch.float64) - 1)).to(dtype)
+    rhs = torch.randn(batch, steps, channels, dtype=torch.float64).to(dtype)
+    h0 = torch.randn(batch, channels, dtype=torch.float64).to(dtype) if with_h0 else None
+    return jac.to(device), rhs.to(device), (h0.to(device) if h0 is not None else None)
+
+
+def sequential_with_grads(
+    jac: Tensor, rhs: Tensor, h0: Tensor | None, grad_y: Tensor, reverse: bool
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """The oracle: float64 step loop, gradients by autograd through the loop."""
+    j = jac.detach().double().requires_grad_()
+    r = rhs.detach().double().requires_grad_()
+    h = h0.detach().double().requires_grad_() if h0 is not None else None
+    y = sequential_scan_diag(j, r, h, reverse=reverse)
+    inputs = [j, r] + ([h] if h is not None else [])
+    grads = torch.autograd.grad(y, inputs, grad_y.double())
+    return y.detach(), grads[0], grads[1], (grads[2] if h is not None else None)
+
+
+def sizes(case: Case) -> tuple[int, int]:
+    return (2, 5) if case.small else (3, 37)
+
+
+@pytest.mark.parametrize("steps", STEPS)
+@pytest.mark.parametrize("with_h0", [False, True], ids=["zero-h0", "h0"])
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+def test_forward_and_gradients_match_sequential(
+    case: Case, steps: int, with_h0: bool, reverse: bool, poisoned: None
+) -> None:
+    batch, channels = sizes(case)
+    dtypes = [torch.float32] + ([torch.float64] if case.backend == "eager" else [])
+    for dtype in dtypes:
+        jac, rhs, h0 = make_inputs(
+            batch, steps, channels, dtype=dtype, device=case.device, with_h0=with_h0
+        )
+        grad_y = torch.randn(batch, steps, channels, dtype=dtype, device=case.device)
+        ref_y, ref_gj, ref_gr, ref_gh = sequential_with_grads(jac, rhs, h0, grad_y, reverse)
+
+        leaves = [t.clone().requires_grad_() for t in (jac, rhs)]
+        h0_leaf = h0.clone().requires_grad_() if h0 is not None else None
+        y = scan_diag(leaves[0], leaves[1], h0_leaf, reverse=reverse, backend=case.backend)
+        assert y.dtype == dtype
+        assert_close(y, ref_y, tol=FORWARD_TOL[dtype], name=f"y {dtype}")
+        y.backward(grad_y)
+        assert_close(leaves[0].grad, ref_gj, tol=GRAD_TOL[dtype], name=f"grad jac {dtype}")
+        assert_close(leaves[1].grad, ref_gr, tol=GRAD_TOL[dtype], name=f"grad rhs {dtype}")
+        if h0_leaf is not None:
+            assert ref_gh is not None
+            assert_close(h0_leaf.grad, ref_gh, tol=GRAD_TOL[dtype], name=f"grad h0 {dtype}")
+
+
+def test_first_step_uses_h0(case: Case) -> None:
+    jac = torch.tensor([[[0.5, -2.0]]], device=case.device)
+    rhs = torch.tensor([[[1.0, 3.0]]], device=case.device)
+    h0 = torch.tensor([[4.0, 1.0]], device=case.device)
+    for reverse in (False, True):
+        y = scan_diag(jac, rhs, h0, reverse=reverse, backend=case.backend)
+        assert y.tolist() == [[[3.0, 1.0]]]
+
+
+# Launch plans that reach every chunk and tile boundary: the chunked single pass and the
+# look-back scan (rows per thread from 2 to a whole tile, one group to many).
+PLANS_SMALL: list[dict[str, object]] = [
+    {"method": "chunked", "block_t": 8, "block_d": 4},
+    {"method": "chunked", "block_t": 16, "block_d": 8},
+    {"method": "chunked", "block_t": 8, "block_d": 16},
+    {"method": "lookback", "block_t": 8, "rows": 2, "block_d": 4},
+    {"method": "lookback", "block_t": 16, "rows": 16, "block_d": 8},
+    {"method": "lookback", "block_t": 32, "rows": 4, "block_d": 16},
+]
+PLANS_GPU: list[dict[str, object]] = [
+    *PLANS_SMALL,
+    {"method": "chunked", "block_t": 64, "block_d": 64},
+    {"method": "chunked", "block_t": 64, "block_d": 32, "num_warps": 8},
+    {"method": "lookback"},
+    {"method": "lookback", "block_t": 256, "rows": 8, "block_d": 64, "num_warps": 8},
+    {"method": "lookback", "block_t": 128, "rows": 4, "block_d": 32},
+]
+
+
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+@pytest.mark.parametrize("steps", [17, 63, 200, 1000])
+def test_chunk_and_segment_boundaries(
+    case: Case, reverse: bool, steps: int, poisoned: None
+) -> None:
+    """Small chunks and tiles reach every boundary of both Triton launch shapes."""
+    if case.backend != "triton":
+        pytest.skip("launch plans belong to the Triton backend")
+    if case.small and steps > 200:
+        pytest.skip("keeps the interpreter run short")
+    batch, channels = (2, 5) if case.small else (2, 45)
+    jac, rhs, h0 = make_inputs(
+        batch, steps, channels, dtype=torch.float32, device=case.device, with_h0=True
+    )
+    grad_y = torch.randn_like(rhs)
+    ref_y, ref_gj, ref_gr, ref_gh = sequential_with_grads(jac, rhs, h0, grad_y, reverse)
+    for plan in PLANS_SMALL if case.small else PLANS_GPU:
+        label = " ".join(f"{k}={v}" for k, v in plan.items())
+        y = launch.triton_scan_diag(jac, rhs, h0, reverse=reverse, **plan)
+        assert_close(y, ref_y, tol=1e-5, name=f"y {label}")
+        gj, gr, gh = launch.triton_scan_diag_backward(jac, y, h0, grad_y, reverse=reverse, **plan)
+        assert_close(gj, ref_gj, tol=1e-5, name=f"grad jac {label}")
+        assert_close(gr, ref_gr, tol=1e-5, name=f"grad rhs {label}")
+        assert ref_gh is not None
+        assert_close(gh, ref_gh, tol=1e-5, name=f"grad h0 {label}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+def test_low_precision_storage(
+    case: Case, dtype: torch.dtype, reverse: bool, poisoned: None
+) -> None:
+    batch, channels = sizes(case)
+    steps = 63 if case.small else 1000
+    jac, rhs, h0 = make_inputs(
+        batch, steps, channels, dtype=dtype, device=case.device, with_h0=True
+    )
+    grad_y = torch.randn(batch, steps, channels, device=case.device).to(dtype)
+    ref_y, ref_gj, ref_gr, ref_gh = sequential_with_grads(jac, rhs, h0, grad_y, reverse)
+    leaves = [t.clone().requires_grad_() for t in (jac, rhs)]
+    assert h0 is not None
+    h0_leaf = h0.clone().requires_grad_()
+    y = scan_diag(leaves[0], leaves[1], h0_leaf, reverse=reverse, backend=case.backend)
+    assert y.dtype == dtype
+    assert_close(y, ref_y, tol=FORWARD_TOL[dtype], name="y")
+    y.backward(grad_y)
+    assert_close(leaves[0].grad, ref_gj, tol=GRAD_TOL[dtype], name="grad jac")
+    assert_close(leaves[1].grad, ref_gr, tol=GRAD_TOL[dtype], name="grad rhs")
+    assert ref_gh is not None
+    assert_close(h0_leaf.grad, ref_gh, tol=GRAD_TOL[dtype], name="grad h0")
+
+
+def test_noncontiguous_inputs_and_expanded_gradients(case: Case, poisoned: None) -> None:
+    batch, channels = sizes(case)
+    steps = 17
+    # Inputs laid out [B, D, T] and viewed as [B, T, D]: strided, not contiguous.
+    jac = (0.9 * torch.rand(batch, channels, steps, device=case.device)).transpose(1, 2)
+    rhs = torch.randn(batch, channels, steps, device=case.device).transpose(1, 2)
+    h0 = torch.randn(channels, batch, device=case.device).t()
+    assert not jac.is_contiguous() and not rhs.is_contiguous() and not h0.is_contiguous()
+    leaves = [t.detach().clone().requires_grad_() for t in (jac, rhs, h0)]
+    # Cloning keeps the strides; sum() hands backward an expanded (stride-0) gradient.
+    assert not leaves[0].is_contiguous()
+    scan_diag(leaves[0], leaves[1], leaves[2], backend=case.backend).sum().backward()
+    grad_y = torch.ones(batch, steps, channels, device=case.device)
+    ref_y, ref_gj, ref_gr, ref_gh = sequential_with_grads(jac, rhs, h0, grad_y, False)
+    y = scan_diag(jac, rhs, h0, backend=case.backend)
+    assert_close(y, ref_y, tol=1e-5, name="y")
+    assert_close(leaves[0].grad, ref_gj, tol=1e-5, name="grad jac")
+    assert_close(leaves[1].grad, ref_gr, tol=1e-5, name="grad rhs")
+    assert ref_gh is not None
+    assert_close(leaves[2].grad, ref_gh, tol=1e-5, name="grad h0")
+
+
+def test_gradcheck_float64() -> None:
+    jac, rhs, h0 = make_inputs(2, 9, 3, dtype=torch.float64, device="cpu", with_h0=True)
+    assert h0 is not None
+    for reverse in (False, True):
+        inputs = tuple(t.clone().requires_grad_() for t in (jac, rhs, h0))
+        assert torch.autograd.gradcheck(
+            lambda j, r, h, reverse=reverse: scan_diag(j, r, h, reverse=reverse, backend="eager"),
+            inputs,
+        )
+
+
+@pytest.mark.cuda
+@needs_cuda
+@pytest.mark.parametrize(
+    ("batch", "steps", "channels"),
+    [(1, 2**20, 3), (2, 2**16, 300), (8, 4096, 256), (1, 65537, 64), (64, 2048, 1024)],
+)
+def test_long_sequences_on_gpu(batch: int, steps: int, channels: int, poisoned: None) -> None:
+    """Default launch plans (single pass and multi-block along T) up to T = 2^20."""
+    jac, rhs, h0 = make_inputs(
+        batch, steps, channels, dtype=torch.float32, device="cuda", with_h0=True
+    )
+    grad_y = torch.randn_like(rhs)
+    for reverse in (False, True):
+        # The float64 log-depth reference, itself checked against the loop at T <= 1000 above.
+        ref_y = reference_scan_diag(
+            jac.double(), rhs.double(), h0.double() if h0 is not None else None, reverse=reverse
+        )
+        leaves = [t.clone().requires_grad_() for t in (jac, rhs)]
+        y = scan_diag(leaves[0], leaves[1], h0, reverse=reverse, backend="triton")
+        assert_close(y, ref_y, tol=1e-5, name=f"y T={steps}")
+        y.backward(grad_y)
+        ref_gj, ref_gr, _ = reference_scan_diag_backward(
+            jac.double(),
+            ref_y,
+            h0.double() if h0 is not None else None,
+            grad_y.double(),
+            reverse=reverse,
+        )
+        assert_close(leaves[0].grad, ref_gj, tol=1e-5, name=f"grad jac T={steps}")
+        assert_close(leaves[1].grad, ref_gr, tol=1e-5, name=f"grad rhs T={steps}")
+
+
+@pytest.mark.cuda
+@needs_cuda
+@pytest.mark.parametrize("method", ["chunked", "lookback"])
+def test_gpu_results_are_bitwise_repeatable(method: str) -> None:
+    """The look-back scan's tiles race to publish: any ordering bug shows as a moving result."""
+    jac, rhs, h0 = make_inputs(2, 2**17 + 3, 96, dtype=torch.float32, device="cuda", with_h0=True)
+    grad_y = torch.randn_like(rhs)
+    first = launch.triton_scan_diag(jac, rhs, h0, reverse=False, method=method)
+    first_grads = launch.triton_scan_diag_backward(
+        jac, first, h0, grad_y, reverse=False, method=method
+    )
+    for _ in range(20):
+        again = launch.triton_scan_diag(jac, rhs, h0, reverse=False, method=method)
+        assert torch.equal(again, first)
+        grads = launch.triton_scan_diag_backward(
+            jac, first, h0, grad_y, reverse=False, method=method
+        )
+        for got, want in zip(grads, first_grads, strict=True):
+            assert torch.equal(got, want)
