@@ -1,0 +1,116 @@
+"""Newton solver settings, per-layer statistics, and the divergence error."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from .backends import check_scan_backend_name
+
+__all__ = ["NewtonConfig", "NewtonDivergenceError", "NewtonStats"]
+
+
+@dataclass(frozen=True)
+class NewtonConfig:
+    """How :func:`~pararnn_core.newton_apply` solves ``h_t = f(h_{t-1}, u_t)`` (DESIGN §1).
+
+    Attributes:
+        max_iters: Newton updates at most (``>= 1``). After ``k`` updates the first ``k`` states
+            are exact; contracting cells need 2-4.
+        tol: stop early once ``max_t |f(h_{t-1}, u_t) - h_t| <= tol``. Checking costs one
+            device-to-host sync per iteration on this (unfused) path; the fused kernels of a later
+            release decide per tile on the device. ``None`` (default) never stops early: exactly
+            ``max_iters`` updates run with no sync in between, and the residual history is read
+            back once at the end (one sync per layer and forward) for the stats and the
+            divergence check.
+        omega: damping, ``H <- H + omega * δ`` (``1`` is plain Newton).
+        initial_guess: ``"step"`` (default): ``h^0_t = f(s, u_t)`` with ``s`` the cell's empty
+            state -- ``f(0, u_t)`` as in the paper for cells whose empty state is zero;
+            ``"initial_state"``: ``h^0_t = s``.
+        scan_backend: ``"auto"``, ``"triton"``, ``"eager"``, ``"fused"`` (not in this release:
+            raises NotImplementedError when used), or a name registered through
+            :func:`~pararnn_core.register_scan_backend` or the entry-point group
+            ``pararnn.scan_backends``. An unknown name raises ValueError listing the known ones.
+        divergence_threshold: the solve diverged if any iteration's max residual exceeds this
+            (or is not finite).
+        on_divergence: ``"raise"`` (:class:`NewtonDivergenceError`) or ``"sequential"``
+            (recompute the layer with the sequential recurrence and record
+            ``fallback="sequential"`` in its :class:`NewtonStats`).
+    """
+
+    max_iters: int = 3
+    tol: float | None = None
+    omega: float = 1.0
+    initial_guess: Literal["step", "initial_state"] = "step"
+    scan_backend: str = "auto"
+    divergence_threshold: float = 1.0e6
+    on_divergence: Literal["raise", "sequential"] = "raise"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_iters, int) or isinstance(self.max_iters, bool):
+            raise TypeError(f"max_iters must be an int, got {type(self.max_iters).__name__}")
+        if self.max_iters < 1:
+            raise ValueError(f"max_iters must be >= 1, got {self.max_iters}")
+        if self.tol is not None and not (isinstance(self.tol, int | float) and self.tol >= 0):
+            raise ValueError(f"tol must be None or a float >= 0, got {self.tol!r}")
+        if not (
+            isinstance(self.omega, int | float) and self.omega > 0 and math.isfinite(self.omega)
+        ):
+            raise ValueError(f"omega must be a finite float > 0, got {self.omega!r}")
+        if self.initial_guess not in ("step", "initial_state"):
+            raise ValueError(
+                f"initial_guess must be 'step' or 'initial_state', got {self.initial_guess!r}"
+            )
+        check_scan_backend_name(self.scan_backend)
+        threshold = self.divergence_threshold
+        if not (isinstance(threshold, int | float) and threshold > 0):
+            raise ValueError(f"divergence_threshold must be a float > 0, got {threshold!r}")
+        if self.on_divergence not in ("raise", "sequential"):
+            raise ValueError(
+                f"on_divergence must be 'raise' or 'sequential', got {self.on_divergence!r}"
+            )
+
+
+@dataclass(frozen=True)
+class NewtonStats:
+    """What one layer's Newton solve did.
+
+    Attributes:
+        iters: Newton updates performed.
+        max_residual: ``max |f(h_{t-1}, u_t) - h_t|`` of the returned states.
+        residuals: the max residual before each update and after the last one
+            (``iters + 1`` entries; ``residuals[0]`` is the initial guess's).
+        backend: the scan backend that ran (``"auto"`` resolved to ``"triton"``/``"eager"``).
+        converged: ``max_residual <= tol``; with ``tol=None``, ``<= sqrt(eps)`` of the dtype
+            (a loose "converged", at least half the digits). False after a divergence.
+        fallback: ``"sequential"`` when the states were recomputed sequentially after a
+            divergence, else None.
+    """
+
+    iters: int
+    max_residual: float
+    residuals: tuple[float, ...]
+    backend: str
+    converged: bool
+    fallback: str | None = None
+
+
+class NewtonDivergenceError(RuntimeError):
+    """The Newton residual grew past ``divergence_threshold`` or became non-finite.
+
+    Attributes:
+        residuals: max residual per iteration up to the divergence (the message shows them).
+        threshold: the configured ``divergence_threshold``.
+    """
+
+    def __init__(self, residuals: Sequence[float], threshold: float, detail: str = "") -> None:
+        self.residuals = tuple(float(r) for r in residuals)
+        self.threshold = float(threshold)
+        history = ", ".join(f"{r:.3e}" for r in self.residuals)
+        super().__init__(
+            f"Newton diverged: max residual per iteration [{history}] (threshold "
+            f"{self.threshold:.3e}; non-finite counts as diverged){detail}. Use a more "
+            "contracting cell or init, a smaller omega, or NewtonConfig(on_divergence='sequential')."
+        )

@@ -1,0 +1,90 @@
+"""Shared helpers for the pararnn-core tests: closeness checks that say where they fail, and
+float64 copies of cells (the reference precision)."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch import Tensor
+
+import pararnn_core as pc
+
+CloseCheck = Callable[..., None]
+
+
+def _first_bad(err: Tensor, bound: Tensor) -> tuple[int, ...] | None:
+    bad = ~(err <= bound)  # NaN compares False, so it counts as bad
+    if not bool(bad.any()):
+        return None
+    return tuple(int(i) for i in bad.nonzero()[0])
+
+
+def check_close(
+    actual: Tensor, expected: Tensor, *, atol: float = 0.0, rtol: float = 0.0, what: str = ""
+) -> None:
+    """Elementwise ``|a - e| <= atol + rtol |e|``; on failure name the first bad index."""
+    a, e = actual.detach().double().cpu(), expected.detach().double().cpu()
+    assert a.shape == e.shape, f"{what}: shape {tuple(a.shape)} != expected {tuple(e.shape)}"
+    err = (a - e).abs()
+    bound = atol + rtol * e.abs()
+    idx = _first_bad(err, bound)
+    if idx is not None:
+        bad = int((~(err <= bound)).sum())
+        raise AssertionError(
+            f"{what}: {bad} of {a.numel()} elements differ; first at index {idx}: actual "
+            f"{a[idx].item():.9e}, expected {e[idx].item():.9e} (|diff| {err[idx].item():.3e} > "
+            f"{bound[idx].item():.3e}); max |diff| {err.max().item():.3e}"
+        )
+
+
+def check_rel_close(actual: Tensor, expected: Tensor, *, rel: float, what: str = "") -> None:
+    """``max |a - e| <= rel * max |e|`` (relative to the tensor's scale), naming the first bad index."""
+    scale = expected.detach().abs().max().double().item()
+    check_close(actual, expected, atol=rel * max(scale, 1e-30), what=f"{what} (relative {rel:g})")
+
+
+@pytest.fixture
+def assert_close() -> CloseCheck:
+    return check_close
+
+
+@pytest.fixture
+def assert_rel_close() -> CloseCheck:
+    return check_rel_close
+
+
+def cell_copy(
+    cell: pc.ParaCell, dtype: torch.dtype, device: str | torch.device = "cpu"
+) -> pc.ParaCell:
+    """A copy of ``cell`` with its parameters cast (the same numbers in another precision)."""
+    return copy.deepcopy(cell).to(device=device, dtype=dtype)
+
+
+@pytest.fixture
+def to_dtype() -> Callable[..., pc.ParaCell]:
+    return cell_copy
+
+
+def random_state(
+    cell: pc.ParaCell, batch: int, dtype: torch.dtype, *, scale: float = 0.3
+) -> Tensor:
+    """A non-trivial initial state: the empty state plus noise (in ``[-1, 1]`` for the h parts)."""
+    state = cell.initial_state(batch, dtype=dtype)
+    noise = scale * torch.randn(batch, *cell.state_shape, dtype=dtype).clamp(-2, 2)
+    if isinstance(cell, pc.ParaSLSTM):
+        state[..., 1] = torch.randn(batch, cell.d_h, dtype=dtype)  # a finite log-normaliser
+        noise[..., 1] = 0
+    return state + noise
+
+
+@pytest.fixture
+def make_state() -> Callable[..., Tensor]:
+    return random_state
+
+
+@pytest.fixture(autouse=True)
+def _seed() -> None:
+    torch.manual_seed(0)
