@@ -1,0 +1,231 @@
+"""Benchmark of ``scan_diag`` (Triton) against the copy bandwidth measured in the same run.
+
+Bytes counted per scan: jac and rhs read once, y written once (3 x B·T·D x element size).
+Achieved bandwidth over the device-to-device copy bandwidth (bytes read + written) is the figure
+of merit; the scan is memory-bound, so 100 % is the ceiling.
+
+    PYTHONPATH=$(ls -d packages/*/src | paste -sd:) python3 benchmarks/bench_scan.py --out DIR
+    ... --sweep   # also time launch-plan variants at a few shapes (tuning)
+    ... --quick   # a tiny grid, for a smoke run
+
+Writes ``scan_diag.csv``, ``scan_diag.json`` (and ``sweep.csv``) under ``--out`` and prints a
+markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import functools
+import json
+import math
+import platform
+from pathlib import Path
+from typing import Any
+
+import torch
+import triton
+import triton.testing
+
+from pararnn_kernels.scan import launch
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def median_ms(fn: Any) -> float:
+    return float(triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median"))
+
+
+def copy_bandwidth(device: torch.device) -> float:
+    """Bytes/s of a large device-to-device copy, counting bytes read plus bytes written."""
+    src = torch.randn(2**30, device=device)
+    dst = torch.empty_like(src)
+    ms = median_ms(lambda: dst.copy_(src))
+    return 2 * src.numel() * src.element_size() / (ms * 1e-3)
+
+
+def shapes(quick: bool) -> list[tuple[int, int, int]]:
+    """(B, T, D) with B·T·D from 2^20 to 2^30 and T from 256 to 2^20."""
+    totals = [2**20, 2**24] if quick else [2**20, 2**23, 2**26, 2**28, 2**30]
+    steps = [256, 4096] if quick else [256, 4096, 65536, 2**20]
+    out = []
+    for total in totals:
+        for t in steps:
+            if t > total:
+                continue
+            channels = total // t
+            d = min(channels, 512)
+            out.append((channels // d, t, d))
+    return out
+
+
+def random_inputs(
+    b: int, t: int, d: int, dtype: torch.dtype, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    jac = torch.empty(b, t, d, device=device, dtype=dtype).uniform_(-0.99, 0.99)
+    rhs = torch.randn(b, t, d, device=device, dtype=dtype)
+    return jac, rhs
+
+
+def check(y: torch.Tensor, jac: torch.Tensor, rhs: torch.Tensor, reverse: bool) -> float:
+    """Relative error of a slice against the float64 reference (a cheap correctness guard)."""
+    from pararnn_kernels import reference_scan_diag
+
+    sl = slice(0, min(4, jac.shape[2]))
+    ref = reference_scan_diag(jac[:1, :, sl].double(), rhs[:1, :, sl].double(), reverse=reverse)
+    err = (y[:1, :, sl].double() - ref).abs().max() / ref.abs().max()
+    return float(err)
+
+
+def run_grid(
+    args: argparse.Namespace, device: torch.device, copy_bw: float
+) -> list[dict[str, Any]]:
+    """Every shape with the plan's choice, and each launch method forced, timed side by side."""
+    rows: list[dict[str, Any]] = []
+    for dtype_name, dtype in DTYPES.items():
+        for b, t, d in shapes(args.quick):
+            jac, rhs = random_inputs(b, t, d, dtype, device)
+            nbytes = 3 * jac.numel() * jac.element_size()
+            chosen = launch.plan_scan_diag(b, t, d, device, element_size=jac.element_size())
+            for reverse in (False, True):
+                for method in ("plan", "chunked", "lookback"):
+                    kw = {} if method == "plan" else {"method": method}
+                    plan = launch.plan_scan_diag(
+                        b, t, d, device, element_size=jac.element_size(), **kw
+                    )
+                    fn = functools.partial(
+                        launch.triton_scan_diag, jac, rhs, None, reverse=reverse, **kw
+                    )
+                    err = check(fn(), jac, rhs, reverse)
+                    ms = median_ms(fn)
+                    bw = nbytes / (ms * 1e-3)
+                    rows.append(
+                        {
+                            "dtype": dtype_name,
+                            "direction": "reverse" if reverse else "forward",
+                            "method": method if method != "plan" else f"plan:{chosen.method}",
+                            "B": b,
+                            "T": t,
+                            "D": d,
+                            "BTD_log2": round(math.log2(b * t * d)),
+                            "channels": b * d,
+                            "rows": plan.rows,
+                            "block_t": plan.block_t,
+                            "block_d": plan.block_d,
+                            "ms": ms,
+                            "GBps": bw / 1e9,
+                            "frac_copy_bw": bw / copy_bw,
+                            "rel_err": err,
+                        }
+                    )
+                    r = rows[-1]
+                    print(
+                        f"{dtype_name} {r['direction']:7s} {r['method']:14s} B={b:<5d} T={t:<8d} D={d:<4d} "
+                        f"{ms:9.4f} ms {bw / 1e9:8.1f} GB/s {100 * bw / copy_bw:6.1f}% err={err:.1e}",
+                        flush=True,
+                    )
+    return rows
+
+
+SWEEP_CASES = [(64, 4096, 1024), (8, 65536, 512), (1, 2**20, 256)]
+LOOKBACK_VARIANTS = [
+    (128, 8, 32, 4),
+    (256, 8, 32, 4),
+    (128, 4, 32, 4),
+    (256, 16, 32, 8),
+    (128, 8, 64, 4),
+    (256, 8, 64, 8),
+    (64, 4, 32, 4),
+    (256, 4, 64, 4),
+]
+
+
+def run_sweep(device: torch.device, copy_bw: float) -> list[dict[str, Any]]:
+    """Time look-back tile shapes (block_t, rows, block_d, num_warps) at representative shapes."""
+    rows: list[dict[str, Any]] = []
+    for b, t, d in SWEEP_CASES:
+        for dtype_name in ("fp32", "bf16"):
+            jac, rhs = random_inputs(b, t, d, DTYPES[dtype_name], device)
+            nbytes = 3 * jac.numel() * jac.element_size()
+            for block_t, nrows, block_d, num_warps in LOOKBACK_VARIANTS:
+                kw = {
+                    "method": "lookback",
+                    "block_t": block_t,
+                    "rows": nrows,
+                    "block_d": block_d,
+                    "num_warps": num_warps,
+                }
+                fn = functools.partial(launch.triton_scan_diag, jac, rhs, None, reverse=False, **kw)
+                err = check(fn(), jac, rhs, False)
+                ms = median_ms(fn)
+                bw = nbytes / (ms * 1e-3)
+                rows.append(
+                    {
+                        "dtype": dtype_name,
+                        "B": b,
+                        "T": t,
+                        "D": d,
+                        **kw,
+                        "ms": ms,
+                        "frac_copy_bw": bw / copy_bw,
+                        "rel_err": err,
+                    }
+                )
+                print(
+                    f"sweep {dtype_name} B={b} T={t} D={d} {kw}: {ms:.4f} ms {100 * bw / copy_bw:.1f}% err={err:.1e}",
+                    flush=True,
+                )
+    return rows
+
+
+def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    if not rows:
+        return
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--sweep", action="store_true", help="time look-back tile shapes first")
+    parser.add_argument("--no-grid", action="store_true")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_scan.py needs a CUDA GPU")
+    device = torch.device("cuda")
+    args.out.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "gpu": torch.cuda.get_device_name(device),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "python": platform.python_version(),
+    }
+    copy_bw = copy_bandwidth(device)
+    meta["copy_GBps"] = copy_bw / 1e9
+    print(json.dumps(meta), flush=True)
+    if args.sweep:
+        write_csv(args.out / "sweep.csv", run_sweep(device, copy_bw))
+    if args.no_grid:
+        return
+    rows = run_grid(args, device, copy_bw)
+    write_csv(args.out / "scan_diag.csv", rows)
+    (args.out / "scan_diag.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    print("\n| dtype | dir | method | B | T | D | B·D | ms | GB/s | % of copy |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r['dtype']} | {r['direction']} | {r['method']} | {r['B']} | {r['T']} | {r['D']} | "
+            f"{r['channels']} | {r['ms']:.4f} | {r['GBps']:.0f} | {100 * r['frac_copy_bw']:.1f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
