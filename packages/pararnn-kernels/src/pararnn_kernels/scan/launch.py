@@ -58,7 +58,7 @@ class DiagScanPlan:
     block_t: int
     block_d: int
     num_warps: int = 4
-    rows: int = 4
+    rows: int = 8
 
 
 def plan_scan_diag(
@@ -78,9 +78,9 @@ def plan_scan_diag(
 
     The cost model: a single chunked pass when ``B * ceil(D / 64)`` channel blocks give every
     multiprocessor ``_PROGRAMS_PER_SM`` programs, the look-back scan otherwise (it fills the GPU
-    along T at the same bytes). Tile shapes are the best of the H200 sweep in
-    ``docs/benchmarks.md``: look-back tiles of 128 steps x 32 channels for 4-byte storage and
-    256 x 64 for 2-byte storage, 4 steps per thread; chunks of 64 steps x 64 channels.
+    along T at the same bytes). Tile shapes are the ones measured and tested on the H200
+    (``docs/benchmarks.md``): look-back tiles of 128 steps (8 per thread) x 32 channels for
+    4-byte storage and x 64 channels for 2-byte storage; chunks of 64 steps x 64 channels.
     ``steps`` is part of the signature for the cost model; no choice depends on it yet.
     """
     if method is None:
@@ -89,9 +89,9 @@ def plan_scan_diag(
         method = "chunked" if wide else "lookback"
     if method == "lookback":
         four_bytes = element_size >= 4
-        rows = rows or 4
+        rows = rows or 8
         block_d = block_d or min(32 if four_bytes else 64, triton_next_power_of_2(channels))
-        block_t = max(block_t or (128 if four_bytes else 256), rows)
+        block_t = max(block_t or 128, rows)
         return DiagScanPlan("lookback", block_t, block_d, num_warps or 4, rows)
     block_d = block_d or min(64, triton_next_power_of_2(channels))
     return DiagScanPlan("chunked", block_t or 64, block_d, num_warps or 4)
