@@ -296,121 +296,18 @@ def _combine_block4(
     c00, c01, c02, c03, c10, c11, c12, c13, c20, c21, c22, c23, c30, c31, c32, c33,
     d0, d1, d2, d3,
 ):  # fmt: skip
-    # (C, d)∘(A, b) = (C A, C b + d); (A, b) is the earlier element.
-    r00, r10, r20, r30 = _matvec4(
-        c00,
-        c01,
-        c02,
-        c03,
-        c10,
-        c11,
-        c12,
-        c13,
-        c20,
-        c21,
-        c22,
-        c23,
-        c30,
-        c31,
-        c32,
-        c33,
-        a00,
-        a10,
-        a20,
-        a30,
-    )
-    r01, r11, r21, r31 = _matvec4(
-        c00,
-        c01,
-        c02,
-        c03,
-        c10,
-        c11,
-        c12,
-        c13,
-        c20,
-        c21,
-        c22,
-        c23,
-        c30,
-        c31,
-        c32,
-        c33,
-        a01,
-        a11,
-        a21,
-        a31,
-    )
-    r02, r12, r22, r32 = _matvec4(
-        c00,
-        c01,
-        c02,
-        c03,
-        c10,
-        c11,
-        c12,
-        c13,
-        c20,
-        c21,
-        c22,
-        c23,
-        c30,
-        c31,
-        c32,
-        c33,
-        a02,
-        a12,
-        a22,
-        a32,
-    )
-    r03, r13, r23, r33 = _matvec4(
-        c00,
-        c01,
-        c02,
-        c03,
-        c10,
-        c11,
-        c12,
-        c13,
-        c20,
-        c21,
-        c22,
-        c23,
-        c30,
-        c31,
-        c32,
-        c33,
-        a03,
-        a13,
-        a23,
-        a33,
-    )
-    s0, s1, s2, s3 = _matvec4(
-        c00,
-        c01,
-        c02,
-        c03,
-        c10,
-        c11,
-        c12,
-        c13,
-        c20,
-        c21,
-        c22,
-        c23,
-        c30,
-        c31,
-        c32,
-        c33,
-        b0,
-        b1,
-        b2,
-        b3,
-    )
+    # (C, d)∘(A, b) = (C A, C b + d); (A, b) is the earlier element. Column j of C A is C a_j.
+    # fmt: off
+    r00, r10, r20, r30 = _matvec4(c00, c01, c02, c03, c10, c11, c12, c13, c20, c21, c22, c23, c30, c31, c32, c33, a00, a10, a20, a30)
+    r01, r11, r21, r31 = _matvec4(c00, c01, c02, c03, c10, c11, c12, c13, c20, c21, c22, c23, c30, c31, c32, c33, a01, a11, a21, a31)
+    r02, r12, r22, r32 = _matvec4(c00, c01, c02, c03, c10, c11, c12, c13, c20, c21, c22, c23, c30, c31, c32, c33, a02, a12, a22, a32)
+    r03, r13, r23, r33 = _matvec4(c00, c01, c02, c03, c10, c11, c12, c13, c20, c21, c22, c23, c30, c31, c32, c33, a03, a13, a23, a33)
+    s0, s1, s2, s3 = _matvec4(c00, c01, c02, c03, c10, c11, c12, c13, c20, c21, c22, c23, c30, c31, c32, c33, b0, b1, b2, b3)
     return (
         r00, r01, r02, r03, r10, r11, r12, r13, r20, r21, r22, r23, r30, r31, r32, r33,
         s0 + d0, s1 + d1, s2 + d2, s3 + d3,
-    )  # fmt: skip
+    )
+    # fmt: on
 
 
 @triton.jit
@@ -442,6 +339,19 @@ def _load_jac_entry(
     else:
         v = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
     return v
+
+
+@triton.jit
+def _load_jac_row(
+    jac_ptr, elem, mask, valid, I: tl.constexpr, K: tl.constexpr,
+    TRANSPOSE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    return (
+        _load_jac_entry(jac_ptr, elem, mask, valid, I, 0, K, TRANSPOSE, BLOCK_T, BLOCK_D),
+        _load_jac_entry(jac_ptr, elem, mask, valid, I, 1, K, TRANSPOSE, BLOCK_T, BLOCK_D),
+        _load_jac_entry(jac_ptr, elem, mask, valid, I, 2, K, TRANSPOSE, BLOCK_T, BLOCK_D),
+        _load_jac_entry(jac_ptr, elem, mask, valid, I, 3, K, TRANSPOSE, BLOCK_T, BLOCK_D),
+    )
 
 
 @triton.jit
@@ -541,53 +451,17 @@ def scan_block_diag_kernel(
         elem = row_base + t[:, None].to(tl.int64) * D + offs_d[None, :]
         elem_jac = row_base + t_jac[:, None].to(tl.int64) * D + offs_d[None, :]
         mask_jac = mask & (p >= SHIFT)[:, None]
-        a00 = _load_jac_entry(
-            jac_ptr, elem_jac, mask_jac, valid, 0, 0, K, TRANSPOSE, BLOCK_T, BLOCK_D
+        a00, a01, a02, a03 = _load_jac_row(
+            jac_ptr, elem_jac, mask_jac, valid, 0, K, TRANSPOSE, BLOCK_T, BLOCK_D
         )
-        a01 = _load_jac_entry(
-            jac_ptr, elem_jac, mask_jac, valid, 0, 1, K, TRANSPOSE, BLOCK_T, BLOCK_D
+        a10, a11, a12, a13 = _load_jac_row(
+            jac_ptr, elem_jac, mask_jac, valid, 1, K, TRANSPOSE, BLOCK_T, BLOCK_D
         )
-        a02 = _load_jac_entry(
-            jac_ptr, elem_jac, mask_jac, valid, 0, 2, K, TRANSPOSE, BLOCK_T, BLOCK_D
+        a20, a21, a22, a23 = _load_jac_row(
+            jac_ptr, elem_jac, mask_jac, valid, 2, K, TRANSPOSE, BLOCK_T, BLOCK_D
         )
-        a03 = _load_jac_entry(
-            jac_ptr, elem_jac, mask_jac, valid, 0, 3, K, TRANSPOSE, BLOCK_T, BLOCK_D
-        )
-        a10 = _load_jac_entry(
-            jac_ptr, elem_jac, mask_jac, valid, 1, 0, K, TRANSPOSE, BLOCK_T, BLOCK_D
-        )
-        a11 = _load_jac_entry(
-            jac_ptr, elem_jac, mask_jac, valid, 1, 1, K, TRANSPOSE, BLOCK_T, BLOCK_D
-        )
-        a12 = _load_jac_entry(
-            jac_ptr, elem_jac, mask_jac, valid, 1, 2, K, TRANSPOSE, BLOCK_T, BLOCK_D
-        )
-        a13 = _load_jac_entry(
-            jac_ptr, elem_jac, mask_jac, valid, 1, 3, K, TRANSPOSE, BLOCK_T, BLOCK_D
-        )
-        a20 = _load_jac_entry(
-            jac_ptr, elem_jac, mask_jac, valid, 2, 0, K, TRANSPOSE, BLOCK_T, BLOCK_D
-        )
-        a21 = _load_jac_entry(
-            jac_ptr, elem_jac, mask_jac, valid, 2, 1, K, TRANSPOSE, BLOCK_T, BLOCK_D
-        )
-        a22 = _load_jac_entry(
-            jac_ptr, elem_jac, mask_jac, valid, 2, 2, K, TRANSPOSE, BLOCK_T, BLOCK_D
-        )
-        a23 = _load_jac_entry(
-            jac_ptr, elem_jac, mask_jac, valid, 2, 3, K, TRANSPOSE, BLOCK_T, BLOCK_D
-        )
-        a30 = _load_jac_entry(
-            jac_ptr, elem_jac, mask_jac, valid, 3, 0, K, TRANSPOSE, BLOCK_T, BLOCK_D
-        )
-        a31 = _load_jac_entry(
-            jac_ptr, elem_jac, mask_jac, valid, 3, 1, K, TRANSPOSE, BLOCK_T, BLOCK_D
-        )
-        a32 = _load_jac_entry(
-            jac_ptr, elem_jac, mask_jac, valid, 3, 2, K, TRANSPOSE, BLOCK_T, BLOCK_D
-        )
-        a33 = _load_jac_entry(
-            jac_ptr, elem_jac, mask_jac, valid, 3, 3, K, TRANSPOSE, BLOCK_T, BLOCK_D
+        a30, a31, a32, a33 = _load_jac_row(
+            jac_ptr, elem_jac, mask_jac, valid, 3, K, TRANSPOSE, BLOCK_T, BLOCK_D
         )
         b0 = _load_vec_entry(rhs_ptr, elem, mask, 0, K, BLOCK_T, BLOCK_D)
         b1 = _load_vec_entry(rhs_ptr, elem, mask, 1, K, BLOCK_T, BLOCK_D)
