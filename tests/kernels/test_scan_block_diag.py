@@ -11,7 +11,8 @@ from pararnn_kernels import scan_block_diag, sequential_scan_block_diag
 from pararnn_kernels.scan.reference import reference_scan_block_diag
 from pararnn_kernels.testing import assert_close
 
-from .conftest import Case, needs_cuda
+from .conftest import Case, check_against_sequential, needs_cuda
+from .conftest import sequential_with_grads as oracle_with_grads
 
 FORWARD_TOL = {
     torch.float64: 1e-12,
@@ -40,13 +41,7 @@ def make_inputs(
 def sequential_with_grads(
     jac: Tensor, rhs: Tensor, h0: Tensor | None, grad_y: Tensor, reverse: bool
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
-    j = jac.detach().double().requires_grad_()
-    r = rhs.detach().double().requires_grad_()
-    h = h0.detach().double().requires_grad_() if h0 is not None else None
-    y = sequential_scan_block_diag(j, r, h, reverse=reverse)
-    inputs = [j, r] + ([h] if h is not None else [])
-    grads = torch.autograd.grad(y, inputs, grad_y.double())
-    return y.detach(), grads[0], grads[1], (grads[2] if h is not None else None)
+    return oracle_with_grads(sequential_scan_block_diag, jac, rhs, h0, grad_y, reverse)
 
 
 def steps_for(case: Case) -> list[int]:
@@ -67,22 +62,19 @@ def test_forward_and_gradients_match_sequential(
             jac, rhs, h0 = make_inputs(
                 batch, steps, channels, k, dtype=dtype, device=case.device, with_h0=with_h0
             )
-            grad_y = torch.randn_like(rhs)
-            ref_y, ref_gj, ref_gr, ref_gh = sequential_with_grads(jac, rhs, h0, grad_y, reverse)
-            leaves = [t.clone().requires_grad_() for t in (jac, rhs)]
-            h0_leaf = h0.clone().requires_grad_() if h0 is not None else None
-            y = scan_block_diag(
-                leaves[0], leaves[1], h0_leaf, reverse=reverse, backend=case.backend
+            check_against_sequential(
+                scan_block_diag,
+                sequential_scan_block_diag,
+                jac,
+                rhs,
+                h0,
+                torch.randn_like(rhs),
+                reverse=reverse,
+                backend=case.backend,
+                forward_tol=FORWARD_TOL[dtype],
+                grad_tol=GRAD_TOL[dtype],
+                label=f"T={steps} {dtype}",
             )
-            label = f"T={steps} {dtype}"
-            assert y.dtype == dtype
-            assert_close(y, ref_y, tol=FORWARD_TOL[dtype], name=f"y {label}")
-            y.backward(grad_y)
-            assert_close(leaves[0].grad, ref_gj, tol=GRAD_TOL[dtype], name=f"grad jac {label}")
-            assert_close(leaves[1].grad, ref_gr, tol=GRAD_TOL[dtype], name=f"grad rhs {label}")
-            if h0_leaf is not None:
-                assert ref_gh is not None
-                assert_close(h0_leaf.grad, ref_gh, tol=GRAD_TOL[dtype], name=f"grad h0 {label}")
 
 
 def test_first_step_uses_h0(case: Case) -> None:

@@ -12,7 +12,8 @@ from pararnn_kernels.scan import launch
 from pararnn_kernels.scan.reference import reference_scan_diag, reference_scan_diag_backward
 from pararnn_kernels.testing import assert_close
 
-from .conftest import Case, needs_cuda
+from .conftest import Case, check_against_sequential, needs_cuda
+from .conftest import sequential_with_grads as oracle_with_grads
 
 # Relative error (max |err| / max |ref|) allowed per storage dtype, forward and gradients.
 # fp16/bf16 store inputs, outputs and the saved y rounded (2^-11, 2^-8 relative), so the
@@ -41,14 +42,7 @@ def make_inputs(
 def sequential_with_grads(
     jac: Tensor, rhs: Tensor, h0: Tensor | None, grad_y: Tensor, reverse: bool
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
-    """The oracle: float64 step loop, gradients by autograd through the loop."""
-    j = jac.detach().double().requires_grad_()
-    r = rhs.detach().double().requires_grad_()
-    h = h0.detach().double().requires_grad_() if h0 is not None else None
-    y = sequential_scan_diag(j, r, h, reverse=reverse)
-    inputs = [j, r] + ([h] if h is not None else [])
-    grads = torch.autograd.grad(y, inputs, grad_y.double())
-    return y.detach(), grads[0], grads[1], (grads[2] if h is not None else None)
+    return oracle_with_grads(sequential_scan_diag, jac, rhs, h0, grad_y, reverse)
 
 
 def sizes(case: Case) -> tuple[int, int]:
@@ -68,19 +62,19 @@ def test_forward_and_gradients_match_sequential(
             batch, steps, channels, dtype=dtype, device=case.device, with_h0=with_h0
         )
         grad_y = torch.randn(batch, steps, channels, dtype=dtype, device=case.device)
-        ref_y, ref_gj, ref_gr, ref_gh = sequential_with_grads(jac, rhs, h0, grad_y, reverse)
-
-        leaves = [t.clone().requires_grad_() for t in (jac, rhs)]
-        h0_leaf = h0.clone().requires_grad_() if h0 is not None else None
-        y = scan_diag(leaves[0], leaves[1], h0_leaf, reverse=reverse, backend=case.backend)
-        assert y.dtype == dtype
-        assert_close(y, ref_y, tol=FORWARD_TOL[dtype], name=f"y {dtype}")
-        y.backward(grad_y)
-        assert_close(leaves[0].grad, ref_gj, tol=GRAD_TOL[dtype], name=f"grad jac {dtype}")
-        assert_close(leaves[1].grad, ref_gr, tol=GRAD_TOL[dtype], name=f"grad rhs {dtype}")
-        if h0_leaf is not None:
-            assert ref_gh is not None
-            assert_close(h0_leaf.grad, ref_gh, tol=GRAD_TOL[dtype], name=f"grad h0 {dtype}")
+        check_against_sequential(
+            scan_diag,
+            sequential_scan_diag,
+            jac,
+            rhs,
+            h0,
+            grad_y,
+            reverse=reverse,
+            backend=case.backend,
+            forward_tol=FORWARD_TOL[dtype],
+            grad_tol=GRAD_TOL[dtype],
+            label=str(dtype),
+        )
 
 
 def test_first_step_uses_h0(case: Case) -> None:
@@ -101,6 +95,9 @@ PLANS_SMALL: list[dict[str, object]] = [
     {"method": "lookback", "block_t": 8, "rows": 2, "block_d": 4},
     {"method": "lookback", "block_t": 16, "rows": 16, "block_d": 8},
     {"method": "lookback", "block_t": 32, "rows": 4, "block_d": 16},
+    # Tiles 1-3, 5-7, ... never publish an inclusive state: the walk composes monoids.
+    {"method": "lookback", "block_t": 8, "rows": 4, "block_d": 4, "inclusive_every": 4},
+    {"method": "lookback", "block_t": 4, "rows": 2, "block_d": 8, "inclusive_every": 1000},
 ]
 PLANS_GPU: list[dict[str, object]] = [
     *PLANS_SMALL,
@@ -150,18 +147,19 @@ def test_low_precision_storage(
         batch, steps, channels, dtype=dtype, device=case.device, with_h0=True
     )
     grad_y = torch.randn(batch, steps, channels, device=case.device).to(dtype)
-    ref_y, ref_gj, ref_gr, ref_gh = sequential_with_grads(jac, rhs, h0, grad_y, reverse)
-    leaves = [t.clone().requires_grad_() for t in (jac, rhs)]
-    assert h0 is not None
-    h0_leaf = h0.clone().requires_grad_()
-    y = scan_diag(leaves[0], leaves[1], h0_leaf, reverse=reverse, backend=case.backend)
-    assert y.dtype == dtype
-    assert_close(y, ref_y, tol=FORWARD_TOL[dtype], name="y")
-    y.backward(grad_y)
-    assert_close(leaves[0].grad, ref_gj, tol=GRAD_TOL[dtype], name="grad jac")
-    assert_close(leaves[1].grad, ref_gr, tol=GRAD_TOL[dtype], name="grad rhs")
-    assert ref_gh is not None
-    assert_close(h0_leaf.grad, ref_gh, tol=GRAD_TOL[dtype], name="grad h0")
+    check_against_sequential(
+        scan_diag,
+        sequential_scan_diag,
+        jac,
+        rhs,
+        h0,
+        grad_y,
+        reverse=reverse,
+        backend=case.backend,
+        forward_tol=FORWARD_TOL[dtype],
+        grad_tol=GRAD_TOL[dtype],
+        label=str(dtype),
+    )
 
 
 def test_noncontiguous_inputs_and_expanded_gradients(case: Case, poisoned: None) -> None:

@@ -153,6 +153,13 @@ def scan_diag_kernel(
 
 
 @triton.jit
+def _publish_inclusive(incl_ptr, flags, slots, tile, state, BLOCK_D: tl.constexpr):
+    tl.store(incl_ptr + slots + tile * BLOCK_D, state)
+    tl.debug_barrier()
+    tl.atomic_xchg(flags + tile, 2, sem="release")
+
+
+@triton.jit
 def scan_diag_lookback_kernel(
     jac_ptr,
     rhs_ptr,
@@ -176,6 +183,7 @@ def scan_diag_lookback_kernel(
     GROUPS: tl.constexpr,
     ROWS: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    INCLUSIVE_EVERY: tl.constexpr,
 ):
     """Grid (n_tiles * B * n_cols_d,): one program per tile, handed out in ticket order.
 
@@ -240,9 +248,12 @@ def scan_diag_lookback_kernel(
                 run_b = run_a * agg_b + run_b
                 run_a = run_a * agg_a
                 j = j - 1
-    tl.store(incl_ptr + slots + tile * BLOCK_D, tile_a * carry + tile_b)
-    tl.debug_barrier()
-    tl.atomic_xchg(flags + tile, 2, sem="release")
+    if INCLUSIVE_EVERY == 1:
+        _publish_inclusive(incl_ptr, flags, slots, tile, tile_a * carry + tile_b, BLOCK_D)
+    elif tile % INCLUSIVE_EVERY == 0:
+        # Testing knob: the other tiles never publish an inclusive state, so their successors
+        # must compose published monoids, even in the interpreter (which runs tiles in order).
+        _publish_inclusive(incl_ptr, flags, slots, tile, tile_a * carry + tile_b, BLOCK_D)
 
     # The state entering each group: the state after the group before it (carry for group 0).
     after = inc_a * carry[None, :] + inc_b

@@ -52,6 +52,8 @@ class DiagScanPlan:
         block_d: channels per program (a power of two).
         num_warps: warps per program.
         rows: lookback only: consecutive steps each thread walks sequentially (divides block_t).
+        inclusive_every: lookback only, a testing knob: only every n-th tile publishes its
+            inclusive state, so successors must walk back over published monoids (1 = all do).
     """
 
     method: ScanMethod
@@ -59,6 +61,7 @@ class DiagScanPlan:
     block_d: int
     num_warps: int = 4
     rows: int = 8
+    inclusive_every: int = 1
 
 
 def plan_scan_diag(
@@ -73,6 +76,7 @@ def plan_scan_diag(
     block_d: int | None = None,
     num_warps: int | None = None,
     rows: int | None = None,
+    inclusive_every: int = 1,
 ) -> DiagScanPlan:
     """Launch plan for a ``[batch, steps, channels]`` diagonal scan; arguments override the model.
 
@@ -92,7 +96,7 @@ def plan_scan_diag(
         rows = rows or 8
         block_d = block_d or min(32 if four_bytes else 64, triton_next_power_of_2(channels))
         block_t = max(block_t or 128, rows)
-        return DiagScanPlan("lookback", block_t, block_d, num_warps or 4, rows)
+        return DiagScanPlan("lookback", block_t, block_d, num_warps or 4, rows, inclusive_every)
     block_d = block_d or min(64, triton_next_power_of_2(channels))
     return DiagScanPlan("chunked", block_t or 64, block_d, num_warps or 4)
 
@@ -188,6 +192,7 @@ def _launch_diag_lookback(
         GROUPS=plan.block_t // plan.rows,
         ROWS=plan.rows,
         BLOCK_D=plan.block_d,
+        INCLUSIVE_EVERY=plan.inclusive_every,
         num_warps=plan.num_warps,
     )
 
@@ -207,7 +212,7 @@ def triton_scan_diag(
     """Diagonal scan on contiguous ``[B, T, D]`` tensors; returns ``[B, T, D]`` in rhs's dtype.
 
     h0 ``[B, D]`` or None. ``overrides`` (``method``, ``block_t``, ``block_d``, ``num_warps``,
-    ``rows``) replace the launch plan's choices: tests reach chunk and tile boundaries with them
+    ``rows``, ``inclusive_every``) replace the launch plan's choices: tests reach chunk and tile boundaries with them
     at small sizes, the benchmark tunes with them.
     """
     batch, steps, channels = rhs.shape
