@@ -338,9 +338,13 @@ def test_entry_point_backend_is_loaded_lazily(tmp_path, monkeypatch):
         sys.modules.pop("my_scan_plugin", None)
 
 
-def test_unknown_backend_lists_known_ones():
+def test_unknown_backend_lists_known_ones(monkeypatch):
     with pytest.raises(ValueError, match=r"one of 'auto', 'triton', 'eager', 'fused'.*got 'nope'"):
         pc.NewtonConfig(scan_backend="nope")
+    # pararnn-core alone (no pararnn-dist entry point installed) names the package to install.
+    monkeypatch.setattr(
+        "pararnn_core.backends.importlib.metadata.entry_points", lambda *, group: []
+    )
     with pytest.raises(ValueError, match="pip install pararnn-dist"):
         pc.NewtonConfig(scan_backend="context_parallel")
     with pytest.raises(TypeError, match="scan_backend must be a str"):
