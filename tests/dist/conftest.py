@@ -108,3 +108,10 @@ class Harness:
 @pytest.fixture(scope="module")
 def harness(tmp_path_factory: pytest.TempPathFactory) -> Harness:
     return Harness(tmp_path_factory)
+
+
+@pytest.fixture(scope="module", params=["gloo", pytest.param("nccl", marks=pytest.mark.cuda)])
+def worker_results(request: pytest.FixtureRequest, harness: Harness) -> Results:
+    """The module's ``WORKER`` script run once per backend: every rank's check outcomes."""
+    script: str = request.module.WORKER
+    return harness.launch(script, request.param)

@@ -12,6 +12,7 @@ import pararnn_core as pc
 from pararnn_dist import ContextParallelScan, scan_diag_context_parallel, time_shard_bounds
 
 Results = dict[int, dict[str, str]]
+WORKER = "cp_worker.py"
 
 CHECKS = [
     "tiles_equal_full_scan",
@@ -23,25 +24,10 @@ CHECKS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def gloo_results(harness: Any) -> Results:
-    return harness.launch("cp_worker.py", "gloo")  # type: ignore[no-any-return]
-
-
-@pytest.fixture(scope="module")
-def nccl_results(harness: Any) -> Results:
-    return harness.launch("cp_worker.py", "nccl")  # type: ignore[no-any-return]
-
-
 @pytest.mark.parametrize("check", CHECKS)
-def test_gloo(harness: Any, gloo_results: Results, check: str) -> None:
-    harness.assert_check(gloo_results, check)
-
-
-@pytest.mark.cuda
-@pytest.mark.parametrize("check", CHECKS)
-def test_nccl(harness: Any, nccl_results: Results, check: str) -> None:
-    harness.assert_check(nccl_results, check)
+def test_worker_check(harness: Any, worker_results: Results, check: str) -> None:
+    """One named check of the worker group (gloo on CPU; NCCL, marked cuda, on 2 GPUs)."""
+    harness.assert_check(worker_results, check)
 
 
 @pytest.mark.parametrize(

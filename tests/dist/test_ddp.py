@@ -11,6 +11,7 @@ import pararnn_core as pc
 from pararnn_dist import last_newton_residuals
 
 Results = dict[int, dict[str, str]]
+WORKER = "ddp_worker.py"
 CHECKS = [
     "ddp_gradients_equal_mean_of_ranks",
     "warmup_restores_modes_and_runs_newton",
@@ -18,25 +19,10 @@ CHECKS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def gloo_results(harness: Any) -> Results:
-    return harness.launch("ddp_worker.py", "gloo")  # type: ignore[no-any-return]
-
-
-@pytest.fixture(scope="module")
-def nccl_results(harness: Any) -> Results:
-    return harness.launch("ddp_worker.py", "nccl")  # type: ignore[no-any-return]
-
-
 @pytest.mark.parametrize("check", CHECKS)
-def test_gloo(harness: Any, gloo_results: Results, check: str) -> None:
-    harness.assert_check(gloo_results, check)
-
-
-@pytest.mark.cuda
-@pytest.mark.parametrize("check", CHECKS)
-def test_nccl(harness: Any, nccl_results: Results, check: str) -> None:
-    harness.assert_check(nccl_results, check)
+def test_worker_check(harness: Any, worker_results: Results, check: str) -> None:
+    """One named check of the worker group (gloo on CPU; NCCL, marked cuda, on 2 GPUs)."""
+    harness.assert_check(worker_results, check)
 
 
 def test_residuals_of_nested_models_in_module_order() -> None:

@@ -11,6 +11,7 @@ import pararnn_core as pc
 from pararnn_dist.tensor_parallel import shard_cell, tensor_parallel_diag_block
 
 Results = dict[int, dict[str, str]]
+WORKER = "tp_worker.py"
 CHECKS = [
     "sharded_block_equals_unsharded_cell_and_linear",
     "fresh_block_has_shard_shapes",
@@ -19,25 +20,10 @@ CHECKS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def gloo_results(harness: Any) -> Results:
-    return harness.launch("tp_worker.py", "gloo")  # type: ignore[no-any-return]
-
-
-@pytest.fixture(scope="module")
-def nccl_results(harness: Any) -> Results:
-    return harness.launch("tp_worker.py", "nccl")  # type: ignore[no-any-return]
-
-
 @pytest.mark.parametrize("check", CHECKS)
-def test_gloo(harness: Any, gloo_results: Results, check: str) -> None:
-    harness.assert_check(gloo_results, check)
-
-
-@pytest.mark.cuda
-@pytest.mark.parametrize("check", CHECKS)
-def test_nccl(harness: Any, nccl_results: Results, check: str) -> None:
-    harness.assert_check(nccl_results, check)
+def test_worker_check(harness: Any, worker_results: Results, check: str) -> None:
+    """One named check of the worker group (gloo on CPU; NCCL, marked cuda, on 2 GPUs)."""
+    harness.assert_check(worker_results, check)
 
 
 @pytest.mark.parametrize("cls", [pc.ParaGRU, pc.ParaLSTM, pc.ParaSLSTM])
