@@ -70,6 +70,28 @@ def check_close(
         )
 
 
+class Mismatches:
+    """``check_close`` that records instead of raising, for checks that loop over collectives:
+    a rank that stopped at its first mismatch would leave the other rank waiting in (or
+    mismatching) the next collective, so each rank finishes every call and then raises."""
+
+    def __init__(self) -> None:
+        self.messages: list[str] = []
+
+    def close(
+        self, actual: Tensor, expected: Tensor, *, atol: float = 0.0, rtol: float = 0.0, what: str
+    ) -> None:
+        try:
+            check_close(actual, expected, atol=atol, rtol=rtol, what=what)
+        except AssertionError as err:
+            self.messages.append(str(err))
+
+    def raise_any(self) -> None:
+        if self.messages:
+            shown = "\n".join(self.messages[:6])
+            raise AssertionError(f"{len(self.messages)} comparison(s) failed:\n{shown}")
+
+
 def expect_error(exc: type[Exception], fragment: str, fn: Callable[[], object]) -> None:
     """``fn()`` must raise ``exc`` whose message contains ``fragment``."""
     try:

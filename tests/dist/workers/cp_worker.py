@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from _common import Checks, check_close, expect_error, init
+from _common import Checks, Mismatches, check_close, expect_error, init
 from torch import Tensor
 
 import pararnn_core as pc
-from pararnn_dist import ContextParallelScan, scan_diag_context_parallel, time_shard_bounds
-from pararnn_kernels import sequential_scan_diag
+from pararnn_dist import (
+    ContextParallelScan,
+    scan_block_diag_context_parallel,
+    scan_diag_context_parallel,
+    time_shard_bounds,
+)
+from pararnn_kernels import scan_block_diag, sequential_scan_diag
 
 RANK, WORLD, DEVICE = init()
 checks = Checks()
@@ -24,6 +29,19 @@ def problem(steps: int, dtype: torch.dtype, seed: int) -> tuple[Tensor, Tensor, 
     rhs = torch.randn(B, steps, D, generator=gen)
     h0 = torch.randn(B, D, generator=gen)
     return (t.to(DEVICE, torch.float64).to(dtype) for t in (jac, rhs, h0))  # type: ignore[return-value]
+
+
+def block_problem(
+    steps: int, k: int, dtype: torch.dtype, seed: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Full block (jac [B, T, D, k, k], rhs, h0), the same on every rank. The blocks are neither
+    symmetric nor commuting (so a transposed or reordered product is wrong) and have norm < 1."""
+    gen = torch.Generator().manual_seed(seed)
+    raw = torch.randn(B, steps, D, k, k, generator=gen, dtype=torch.float64)
+    jac = 0.9 * raw / torch.linalg.matrix_norm(raw, ord=2).clamp(min=1.0)[..., None, None]
+    rhs = torch.randn(B, steps, D, k, generator=gen, dtype=torch.float64)
+    h0 = torch.randn(B, D, k, generator=gen, dtype=torch.float64)
+    return (t.to(DEVICE).to(dtype) for t in (jac, rhs, h0))  # type: ignore[return-value]
 
 
 @checks.add
@@ -74,6 +92,67 @@ def tile_gradients_equal_full_scan() -> None:
 
 
 @checks.add
+def block_tiles_equal_full_scan() -> None:
+    mismatches = Mismatches()
+    for steps in (2, 8, 17, 64):
+        for k in (2, 3):
+            jac, rhs, h0 = block_problem(steps, k, torch.float64, seed=10 * steps + k)
+            start, end = time_shard_bounds(steps, RANK, WORLD)
+            for reverse in (False, True):
+                for with_h0 in (False, True):
+                    init_state = h0 if with_h0 else None
+                    ref = scan_block_diag(jac, rhs, init_state, reverse=reverse, backend="eager")
+                    what = f"T={steps} k={k} reverse={reverse} h0={with_h0}"
+                    for dtype, tol in ((torch.float64, 1e-12), (torch.float32, 1e-5)):
+                        y = scan_block_diag_context_parallel(
+                            jac[:, start:end].to(dtype),
+                            rhs[:, start:end].to(dtype),
+                            h0.to(dtype) if with_h0 else None,
+                            reverse=reverse,
+                        )
+                        assert y.dtype == dtype
+                        mismatches.close(
+                            y, ref[:, start:end], atol=tol, rtol=tol, what=f"{what} {dtype}"
+                        )
+    mismatches.raise_any()
+
+
+@checks.add
+def block_tile_gradients_equal_full_scan() -> None:
+    mismatches = Mismatches()
+    for steps in (2, 17):
+        for k in (2, 3):
+            for reverse in (False, True):
+                jac, rhs, h0 = block_problem(steps, k, torch.float64, seed=300 + steps + k)
+                weight = torch.randn(rhs.shape, generator=torch.Generator().manual_seed(7))
+                weight = weight.to(rhs)
+                full = [t.clone().requires_grad_(True) for t in (jac, rhs, h0)]
+                ref = scan_block_diag(*full, reverse=reverse, backend="eager")
+                (ref * weight).sum().backward()
+                start, end = time_shard_bounds(steps, RANK, WORLD)
+                tile = [jac[:, start:end].clone(), rhs[:, start:end].clone(), h0.clone()]
+                for t in tile:
+                    t.requires_grad_(True)
+                y = scan_block_diag_context_parallel(*tile, reverse=reverse)
+                (y * weight[:, start:end]).sum().backward()
+                what = f"T={steps} k={k} reverse={reverse}"
+                for name, got, want in zip(("jac", "rhs"), tile[:2], full[:2], strict=True):
+                    assert got.grad is not None and want.grad is not None
+                    mismatches.close(
+                        got.grad,
+                        want.grad[:, start:end],
+                        atol=1e-12,
+                        rtol=1e-12,
+                        what=f"{what} {name}",
+                    )
+                origin = WORLD - 1 if reverse else 0
+                assert tile[2].grad is not None and full[2].grad is not None
+                want_h0 = full[2].grad if origin == RANK else torch.zeros_like(h0)
+                mismatches.close(tile[2].grad, want_h0, atol=1e-12, rtol=1e-12, what=f"{what} h0")
+    mismatches.raise_any()
+
+
+@checks.add
 def backend_equals_kernel_scan() -> None:
     backend = ContextParallelScan()
     for steps in (2, 17):
@@ -82,12 +161,15 @@ def backend_equals_kernel_scan() -> None:
             got = backend(jac, rhs, h0, reverse=reverse, structure=pc.Diag())
             want = sequential_scan_diag(jac, rhs, h0, reverse=reverse)
             check_close(got, want, atol=1e-12, rtol=1e-12, what=f"T={steps} reverse={reverse}")
+            jac, rhs, h0 = block_problem(steps, 3, torch.float64, seed=250 + steps)
+            got = backend(jac, rhs, h0, reverse=reverse, structure=pc.Block(3))
+            want = scan_block_diag(jac, rhs, h0, reverse=reverse, backend="eager")
+            check_close(got, want, atol=1e-12, rtol=1e-12, what=f"block T={steps} rev={reverse}")
 
 
-@checks.add
-def newton_context_parallel_equals_eager() -> None:
-    torch.manual_seed(0)  # the same cell and input on both ranks: a replicated trajectory
-    cell = pc.ParaGRU(3, 4).to(DEVICE, torch.float64)
+def newton_equals_eager(cell: pc.ParaCell) -> None:
+    """Newton with scan_backend="context_parallel" equals "eager": states and every gradient."""
+    torch.manual_seed(0)  # the same input on both ranks (the cell too): a replicated trajectory
     x = torch.randn(2, 17, 3, device=DEVICE, dtype=torch.float64)
     outs, grads = [], []
     for name in ("eager", "context_parallel"):
@@ -96,7 +178,8 @@ def newton_context_parallel_equals_eager() -> None:
         cell.zero_grad()
         states, stats = pc.newton_apply(cell, x_leaf, config=config)
         assert stats.backend == name, stats
-        (states * torch.linspace(-1, 1, 17, dtype=x.dtype, device=DEVICE)[:, None]).sum().backward()
+        ramp = torch.linspace(-1, 1, 17, dtype=x.dtype, device=DEVICE)
+        (states * ramp.view(1, 17, *[1] * (states.dim() - 2))).sum().backward()
         outs.append(states.detach())
         assert x_leaf.grad is not None
         grads.append([x_leaf.grad, *(p.grad.clone() for p in cell.parameters())])
@@ -106,8 +189,29 @@ def newton_context_parallel_equals_eager() -> None:
 
 
 @checks.add
-def one_collective_each_way() -> None:
-    """Forward: the shape check plus one data all_gather; backward: one all_gather, no chain."""
+def newton_context_parallel_equals_eager() -> None:
+    torch.manual_seed(0)
+    newton_equals_eager(pc.ParaGRU(3, 4).to(DEVICE, torch.float64))
+
+
+@checks.add
+def newton_lstm_context_parallel_equals_eager() -> None:
+    torch.manual_seed(1)
+    cell = pc.ParaLSTM(3, 4).to(DEVICE, torch.float64)
+    assert cell.structure == pc.Block(2)
+    newton_equals_eager(cell)
+
+
+@checks.add
+def newton_slstm_context_parallel_equals_eager() -> None:
+    torch.manual_seed(2)
+    cell = pc.ParaSLSTM(3, 4).to(DEVICE, torch.float64)
+    assert cell.structure == pc.Block(3)
+    newton_equals_eager(cell)
+
+
+def count_all_gathers(scan: object, jac: Tensor, rhs: Tensor, h0: Tensor) -> tuple[int, int]:
+    """(forward, backward) all_gather calls of one differentiable context-parallel scan."""
     calls: list[str] = []
     real = dist.all_gather
 
@@ -117,16 +221,26 @@ def one_collective_each_way() -> None:
 
     dist.all_gather = counting
     try:
-        jac, rhs, h0 = problem(9, torch.float64, seed=3)
-        start, end = time_shard_bounds(9, RANK, WORLD)
+        start, end = time_shard_bounds(rhs.shape[1], RANK, WORLD)
         tile = jac[:, start:end].clone().requires_grad_(True)
-        y = scan_diag_context_parallel(tile, rhs[:, start:end], h0)
+        y = scan(tile, rhs[:, start:end], h0)  # type: ignore[operator]
         forward = len(calls)
         y.sum().backward()
         backward = len(calls) - forward
     finally:
         dist.all_gather = real
-    assert (forward, backward) == (2, 1), f"all_gathers: forward {forward}, backward {backward}"
+    return forward, backward
+
+
+@checks.add
+def one_collective_each_way() -> None:
+    """Forward: the shape check plus one data all_gather; backward: one all_gather, no chain."""
+    for name, scan, (jac, rhs, h0) in (
+        ("diag", scan_diag_context_parallel, problem(9, torch.float64, seed=3)),
+        ("block", scan_block_diag_context_parallel, block_problem(9, 3, torch.float64, seed=3)),
+    ):
+        forward, backward = count_all_gathers(scan, jac, rhs, h0)
+        assert (forward, backward) == (2, 1), f"{name}: forward {forward}, backward {backward}"
 
 
 @checks.add
@@ -150,12 +264,31 @@ def bad_inputs_raise_on_every_rank() -> None:
         "T >= world",
         lambda: backend(one, one, None, reverse=False, structure=pc.Diag()),
     )
-    # Block cells: a clear error before any collective.
-    block = torch.zeros(2, 4, D, 2, 2, device=DEVICE)
+    # Dense cells: a clear error before any collective.
+    dense = torch.zeros(2, 4, D, D, device=DEVICE)
     expect_error(
         NotImplementedError,
-        "Diag() only",
-        lambda: backend(block, block[..., 0], None, reverse=False, structure=pc.Block(2)),
+        "Diag() and Block(k)",
+        lambda: backend(dense, dense[..., 0], None, reverse=False, structure=pc.Dense()),
+    )
+    # Block tiles: k differs between ranks; B differs; a bad block on rank 1 only.
+    rhs = torch.zeros(2, 3, D, 2 + RANK, device=DEVICE)
+    jac = rhs.unsqueeze(-1).expand(*rhs.shape, rhs.shape[-1])
+    expect_error(ValueError, "k (block size", lambda: scan_block_diag_context_parallel(jac, rhs))
+    rhs = torch.zeros(2 + RANK, 3, D, 2, device=DEVICE)
+    jac = rhs.unsqueeze(-1).expand(*rhs.shape, 2)
+    expect_error(ValueError, "B must agree", lambda: scan_block_diag_context_parallel(jac, rhs))
+    rhs = torch.zeros(2, 3, D, 2, device=DEVICE)
+    jac = rhs.unsqueeze(-1).expand(*rhs.shape, 2 if RANK == 0 else 3)
+    fragment = "jac_local must have shape [B, L, d, k, k]" if RANK == 1 else "rank(s) [1]"
+    expect_error(ValueError, fragment, lambda: scan_block_diag_context_parallel(jac, rhs))
+    # The backend: rhs's k must be the structure's.
+    rhs = torch.zeros(2, 4, D, 2, device=DEVICE)
+    jac = rhs.unsqueeze(-1).expand(*rhs.shape, 2)
+    expect_error(
+        ValueError,
+        "k = 3 for Block(k=3)",
+        lambda: backend(jac, rhs, None, reverse=False, structure=pc.Block(3)),
     )
     # After all that, the group still works: a real call succeeds.
     y = scan_diag_context_parallel(

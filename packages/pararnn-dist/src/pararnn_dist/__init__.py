@@ -5,8 +5,9 @@
 * Tensor parallel along d_h (:mod:`pararnn_dist.tensor_parallel`):
   :func:`tensor_parallel_diag_block`, :class:`ColumnParallelLinear`, :class:`RowParallelLinear`.
 * Context parallel along time (:mod:`pararnn_dist.context_parallel`): :func:`time_shard_bounds`,
-  :func:`scan_diag_context_parallel`, :func:`scan_diag_two_ranks` and the ``"context_parallel"``
-  scan backend (``NewtonConfig(scan_backend="context_parallel")``).
+  :func:`scan_diag_context_parallel`, :func:`scan_block_diag_context_parallel`,
+  :func:`scan_diag_two_ranks` and the ``"context_parallel"`` scan backend
+  (``NewtonConfig(scan_backend="context_parallel")``, diagonal and block-diagonal cells).
 
 ``docs/distributed.md`` is the guide.
 """
@@ -14,6 +15,7 @@
 from .context_parallel import (
     ContextParallelScan,
     context_parallel_scan,
+    scan_block_diag_context_parallel,
     scan_diag_context_parallel,
     scan_diag_two_ranks,
     time_shard_bounds,
@@ -37,6 +39,7 @@ __all__ = [
     "context_parallel_scan",
     "find_pararnn_modules",
     "last_newton_residuals",
+    "scan_block_diag_context_parallel",
     "scan_diag_context_parallel",
     "scan_diag_two_ranks",
     "tensor_parallel_diag_block",
