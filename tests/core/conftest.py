@@ -11,39 +11,21 @@ import torch
 from torch import Tensor
 
 import pararnn_core as pc
+from pararnn_kernels import testing
 
 CloseCheck = Callable[..., None]
-
-
-def _first_bad(err: Tensor, bound: Tensor) -> tuple[int, ...] | None:
-    bad = ~(err <= bound)  # NaN compares False, so it counts as bad
-    if not bool(bad.any()):
-        return None
-    return tuple(int(i) for i in bad.nonzero()[0])
 
 
 def check_close(
     actual: Tensor, expected: Tensor, *, atol: float = 0.0, rtol: float = 0.0, what: str = ""
 ) -> None:
     """Elementwise ``|a - e| <= atol + rtol |e|``; on failure name the first bad index."""
-    a, e = actual.detach().double().cpu(), expected.detach().double().cpu()
-    assert a.shape == e.shape, f"{what}: shape {tuple(a.shape)} != expected {tuple(e.shape)}"
-    err = (a - e).abs()
-    bound = atol + rtol * e.abs()
-    idx = _first_bad(err, bound)
-    if idx is not None:
-        bad = int((~(err <= bound)).sum())
-        raise AssertionError(
-            f"{what}: {bad} of {a.numel()} elements differ; first at index {idx}: actual "
-            f"{a[idx].item():.9e}, expected {e[idx].item():.9e} (|diff| {err[idx].item():.3e} > "
-            f"{bound[idx].item():.3e}); max |diff| {err.max().item():.3e}"
-        )
+    testing.assert_elementwise_close(actual, expected, atol=atol, rtol=rtol, name=what)
 
 
 def check_rel_close(actual: Tensor, expected: Tensor, *, rel: float, what: str = "") -> None:
     """``max |a - e| <= rel * max |e|`` (relative to the tensor's scale), naming the first bad index."""
-    scale = expected.detach().abs().max().double().item()
-    check_close(actual, expected, atol=rel * max(scale, 1e-30), what=f"{what} (relative {rel:g})")
+    testing.assert_close(actual, expected, tol=rel, name=f"{what} (relative {rel:g})")
 
 
 @pytest.fixture

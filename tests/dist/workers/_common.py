@@ -13,6 +13,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from pararnn_kernels.testing import assert_elementwise_close
+
 Check = Callable[[], None]
 
 
@@ -58,16 +60,7 @@ def check_close(
     actual: Tensor, expected: Tensor, *, atol: float = 0.0, rtol: float = 0.0, what: str = ""
 ) -> None:
     """Elementwise ``|a - e| <= atol + rtol |e|``; on failure name the first bad index."""
-    a, e = actual.detach().double().cpu(), expected.detach().double().cpu()
-    assert a.shape == e.shape, f"{what}: shape {tuple(a.shape)} != expected {tuple(e.shape)}"
-    err = (a - e).abs()
-    bad = ~(err <= atol + rtol * e.abs())
-    if bool(bad.any()):
-        idx = tuple(int(i) for i in bad.nonzero()[0])
-        raise AssertionError(
-            f"{what}: {int(bad.sum())} of {a.numel()} elements differ; first at {idx}: actual "
-            f"{a[idx].item():.9e}, expected {e[idx].item():.9e}; max |diff| {err.max().item():.3e}"
-        )
+    assert_elementwise_close(actual, expected, atol=atol, rtol=rtol, name=what)
 
 
 class Mismatches:

@@ -2,6 +2,8 @@
 
 * :func:`assert_close` -- relative error against a (float64) reference, with a report of the
   first mismatching elements on failure instead of a bare ``False``.
+* :func:`assert_elementwise_close` -- ``|a - e| <= atol + rtol |e|`` element by element, with the
+  same kind of report.
 * :func:`nan_poisoned_allocations` -- while active, every fresh floating ``torch.empty`` /
   ``torch.empty_like`` / ``Tensor.new_empty`` allocation is filled with NaN, so an output element
   a kernel forgot to write shows up at once.
@@ -16,7 +18,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["assert_close", "max_relative_error", "nan_poisoned_allocations"]
+__all__ = [
+    "assert_close",
+    "assert_elementwise_close",
+    "max_relative_error",
+    "nan_poisoned_allocations",
+]
 
 
 def max_relative_error(actual: Tensor, expected: Tensor) -> float:
@@ -58,6 +65,31 @@ def assert_close(actual: Tensor, expected: Tensor, *, tol: float, name: str = "v
     raise AssertionError(
         f"{name}: max relative error {err:.3e} > tol {tol:.1e} "
         f"({int(bad.sum())} of {bad.numel()} elements off)\n" + "\n".join(rows)
+    )
+
+
+def assert_elementwise_close(
+    actual: Tensor, expected: Tensor, *, atol: float = 0.0, rtol: float = 0.0, name: str = "value"
+) -> None:
+    """Assert ``|actual - expected| <= atol + rtol |expected|`` everywhere (NaN fails).
+
+    On failure the message names ``name``, how many elements are off, the first of them with
+    both values and its bound, and the largest difference.
+    """
+    a = actual.detach().to(torch.float64).cpu()
+    e = expected.detach().to(torch.float64).cpu()
+    if tuple(a.shape) != tuple(e.shape):
+        raise AssertionError(f"{name}: shape {tuple(a.shape)} != expected {tuple(e.shape)}")
+    err = (a - e).abs()
+    bound = atol + rtol * e.abs()
+    bad = ~(err <= bound)  # NaN compares False, so it counts as bad
+    if not bool(bad.any()):
+        return
+    idx = tuple(int(i) for i in bad.nonzero()[0])
+    raise AssertionError(
+        f"{name}: {int(bad.sum())} of {a.numel()} elements differ; first at index {idx}: actual "
+        f"{a[idx].item():.9e}, expected {e[idx].item():.9e} (|diff| {err[idx].item():.3e} > "
+        f"{bound[idx].item():.3e}); max |diff| {err.max().item():.3e}"
     )
 
 
