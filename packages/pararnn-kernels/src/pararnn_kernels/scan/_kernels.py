@@ -68,6 +68,22 @@ def _load_diag_chunk(
 
 
 @triton.jit
+def _consumed_state(
+    prev_ptr, row_base, p, mask, T, D, offs_d, h0, REVERSE: tl.constexpr, HAS_H0: tl.constexpr
+):
+    """The state the *original* recurrence consumed at positions ``p`` of the adjoint scan: its
+    output one processing position later, h0 past the end (zero without h0)."""
+    p_next = p + 1
+    t_next = _time_index(p_next, T, REVERSE)
+    offs_prev = row_base + t_next[:, None].to(tl.int64) * D + offs_d[None, :]
+    prev = tl.load(prev_ptr + offs_prev, mask=mask & (p_next < T)[:, None], other=0.0)
+    prev = prev.to(tl.float32)
+    if HAS_H0:
+        prev = tl.where((p_next == T)[:, None], h0[None, :], prev)
+    return prev
+
+
+@triton.jit
 def scan_diag_kernel(
     jac_ptr,
     rhs_ptr,
@@ -117,13 +133,7 @@ def scan_diag_kernel(
             jac_ptr, rhs_ptr, row_base, p + BLOCK_T, T, T, D, offs_d, mask_d, REVERSE, SHIFT
         )
         if GRAD_JAC:
-            p_next = p + 1
-            t_next = _time_index(p_next, T, REVERSE)
-            offs_prev = row_base + t_next[:, None].to(tl.int64) * D + offs_d[None, :]
-            prev = tl.load(prev_ptr + offs_prev, mask=mask & (p_next < T)[:, None], other=0.0)
-            prev = prev.to(tl.float32)
-            if HAS_H0:
-                prev = tl.where((p_next == T)[:, None], h0[None, :], prev)
+            prev = _consumed_state(prev_ptr, row_base, p, mask, T, D, offs_d, h0, REVERSE, HAS_H0)
         prod, acc = tl.associative_scan((a, b), 0, _combine_diag)
         y = acc + prod * carry[None, :]
         tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
@@ -262,6 +272,7 @@ def scan_diag_lookback_kernel(
     y = tl.where((groups == 0)[:, None], carry[None, :], y)
 
     # Pass 2: the states, sequentially inside the thread (the tile is re-read from cache).
+    h0 = tl.zeros([BLOCK_D], dtype=tl.float32)
     if GRAD_JAC and HAS_H0:
         h0 = tl.load(h0_ptr + pid_b.to(tl.int64) * D + offs_d, mask=mask_d, other=0.0)
         h0 = h0.to(tl.float32)
@@ -273,13 +284,7 @@ def scan_diag_lookback_kernel(
         y = a * y + b
         tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
         if GRAD_JAC:
-            p_next = p + 1
-            t_next = _time_index(p_next, T, REVERSE)
-            offs_prev = row_base + t_next[:, None].to(tl.int64) * D + offs_d[None, :]
-            prev = tl.load(prev_ptr + offs_prev, mask=mask & (p_next < T)[:, None], other=0.0)
-            prev = prev.to(tl.float32)
-            if HAS_H0:
-                prev = tl.where((p_next == T)[:, None], h0[None, :], prev)
+            prev = _consumed_state(prev_ptr, row_base, p, mask, T, D, offs_d, h0, REVERSE, HAS_H0)
             tl.store(grad_jac_ptr + offs, (y * prev).to(grad_jac_ptr.dtype.element_ty), mask=mask)
 
 
