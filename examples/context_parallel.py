@@ -20,30 +20,14 @@ import torch.distributed as dist
 
 from pararnn_core import NewtonConfig, ParaGRU, ParaRNN
 from pararnn_dist import last_newton_residuals, scan_diag_context_parallel, time_shard_bounds
+from pararnn_examples.torchrun import format_residuals, init_distributed, say
 from pararnn_kernels import scan_diag
 
 B, T, D = 2, 1000, 16
 
 
-def say(message: str) -> None:
-    """One write per line, so the ranks' lines do not interleave mid-line."""
-    print(message + "\n", end="", flush=True)
-
-
-def fmt(values: list[float]) -> str:
-    return "[" + ", ".join(f"{v:.1e}" for v in values) + "]"
-
-
 def main() -> None:
-    rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
-    if torch.cuda.is_available():
-        device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-        dist.init_process_group("nccl")
-    else:
-        device = torch.device("cpu")
-        dist.init_process_group("gloo")
-    world = dist.get_world_size()
+    rank, world, device = init_distributed()
 
     # 1. The scan itself, on tiles.
     torch.manual_seed(0)  # the same full problem everywhere, so each rank can check its tile
@@ -74,7 +58,7 @@ def main() -> None:
         loss.backward()
         optimizer.step()
         say(
-            f"[rank {rank}] step {step}: loss {loss.item():.4f}, residuals {fmt(last_newton_residuals(model))}"
+            f"[rank {rank}] step {step}: loss {loss.item():.4f}, residuals {format_residuals(last_newton_residuals(model))}"
         )
     del model, optimizer
     dist.destroy_process_group()

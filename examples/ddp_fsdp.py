@@ -27,19 +27,11 @@ from torch import Tensor, nn
 
 from pararnn_core import NewtonConfig, ParaGRU, ParaLSTM, ParaRNN
 from pararnn_dist import last_newton_residuals, warmup_scan_kernels
+from pararnn_examples.torchrun import format_residuals, init_distributed, say
 
 STRATEGY = "ddp"  # or "fsdp"
 BF16 = False  # ask for bfloat16; granted only if every rank's GPU has CC >= 8.0
 STEPS, BATCH, T, D_IN, D_H = 5, 4, 64, 8, 32
-
-
-def say(message: str) -> None:
-    """One write per line, so the ranks' lines do not interleave mid-line."""
-    print(message + "\n", end="", flush=True)
-
-
-def fmt(values: list[float]) -> str:
-    return "[" + ", ".join(f"{v:.1e}" for v in values) + "]"
 
 
 def pick_dtype(device: torch.device, rank: int) -> torch.dtype:
@@ -65,14 +57,7 @@ def batch(step: int, rank: int, device: torch.device, dtype: torch.dtype) -> tup
 
 
 def main() -> None:
-    rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
-    if torch.cuda.is_available():
-        device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-        dist.init_process_group("nccl")
-    else:
-        device = torch.device("cpu")
-        dist.init_process_group("gloo")
+    rank, _world, device = init_distributed()
     dtype = pick_dtype(device, rank)
     torch.manual_seed(0)  # the same initial weights on every rank
     model = nn.Sequential(
@@ -87,7 +72,7 @@ def main() -> None:
 
         warmup_scan_kernels(model, example)  # before the wrap
         wrapped = DistributedDataParallel(
-            model, device_ids=[local_rank] if device.type == "cuda" else None
+            model, device_ids=[device.index] if device.type == "cuda" else None
         )
     elif STRATEGY == "fsdp":
         from torch.distributed.device_mesh import init_device_mesh
@@ -108,7 +93,7 @@ def main() -> None:
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        residuals = fmt(last_newton_residuals(wrapped))
+        residuals = format_residuals(last_newton_residuals(wrapped))
         say(
             f"[rank {rank}] {STRATEGY} step {step}: loss {loss.item():.4f}, Newton residuals {residuals}"
         )

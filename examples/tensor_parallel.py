@@ -21,29 +21,13 @@ from torch import nn
 
 from pararnn_core import NewtonConfig, ParaRNN, ParaSLSTM
 from pararnn_dist import TensorParallelDiagBlock, last_newton_residuals, tensor_parallel_diag_block
+from pararnn_examples.torchrun import format_residuals, init_distributed, say
 
 B, T, D_IN, D_H, D_OUT = 4, 64, 8, 32, 8
 
 
-def say(message: str) -> None:
-    """One write per line, so the ranks' lines do not interleave mid-line."""
-    print(message + "\n", end="", flush=True)
-
-
-def fmt(values: list[float]) -> str:
-    return "[" + ", ".join(f"{v:.1e}" for v in values) + "]"
-
-
 def main() -> None:
-    rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
-    if torch.cuda.is_available():
-        device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-        dist.init_process_group("nccl")
-    else:
-        device = torch.device("cpu")
-        dist.init_process_group("gloo")
-    world = dist.get_world_size()
+    rank, world, device = init_distributed()
     config = NewtonConfig(max_iters=4)
 
     # 1. Shard an existing layer: the same unsharded weights on every rank.
@@ -70,7 +54,7 @@ def main() -> None:
         loss.backward()
         optimizer.step()
         say(
-            f"[rank {rank}] step {step}: loss {loss.item():.4f}, residuals {fmt(last_newton_residuals(model))}"
+            f"[rank {rank}] step {step}: loss {loss.item():.4f}, residuals {format_residuals(last_newton_residuals(model))}"
         )
     if rank == 0:
         say(f"{world} ranks, d_h = {D_H} -> {D_H // world} channels per rank")
