@@ -351,10 +351,9 @@ def test_unknown_backend_lists_known_ones(monkeypatch):
         pc.NewtonConfig(scan_backend=3)  # type: ignore[arg-type]
 
 
-def test_fused_backend_is_a_clear_not_implemented():
-    config = pc.NewtonConfig(scan_backend="fused")
-    with pytest.raises(NotImplementedError, match="later release"):
-        pc.newton_apply(pc.ParaGRU(3, 4), torch.randn(2, 8, 3), config=config)
+def test_fused_is_not_a_per_scan_backend():
+    with pytest.raises(ValueError, match="whole-layer kernels"):
+        pc.get_scan_backend("fused")
 
 
 def test_triton_on_cpu_without_interpreter_is_a_clear_error(monkeypatch):

@@ -23,6 +23,7 @@ from .backends import (
 )
 from .cells import CellVJP, ParaCell, ParaGRU, ParaLSTM, ParaSLSTM, derive_jacobian
 from .config import NewtonConfig, NewtonDivergenceError, NewtonStats
+from .fused import fused_sequential_apply, has_fused_kernels
 from .module import ParaRNN
 from .newton import newton_apply, sequential_apply
 from .structures import Block, Dense, Diag, Structure
@@ -48,7 +49,9 @@ __all__ = [
     "Structure",
     "__version__",
     "derive_jacobian",
+    "fused_sequential_apply",
     "get_scan_backend",
+    "has_fused_kernels",
     "known_scan_backends",
     "newton_apply",
     "register_scan_backend",

@@ -6,8 +6,10 @@ in :class:`~pararnn_core.NewtonConfig` (``scan_backend=``):
 
 * ``"auto"``, ``"triton"``, ``"eager"`` -- the :mod:`pararnn_kernels` scans (``"auto"``: Triton on
   CUDA tensors it can serve, the pure-torch log-depth scan elsewhere);
-* ``"fused"`` -- reserved for the fused per-cell Newton kernels of a later release; naming it
-  raises :class:`NotImplementedError` when a layer runs, never a silent alias;
+* ``"fused"`` -- not a scan: it selects the fused whole-layer kernels of
+  :mod:`pararnn_core.fused` (Newton and backward in one kernel each), which
+  :func:`~pararnn_core.newton_apply` runs for cells that have them; asking this registry for it
+  raises a ValueError that says so;
 * names registered with :func:`register_scan_backend`, or contributed by installed packages
   through the entry-point group ``pararnn.scan_backends`` (loaded lazily, on first use). This is
   how ``"context_parallel"`` arrives with ``pararnn-dist``.
@@ -57,12 +59,13 @@ __all__ = [
 
 ENTRY_POINT_GROUP: Final = "pararnn.scan_backends"
 BUILTIN_SCAN_BACKENDS: Final[tuple[str, ...]] = ("auto", "triton", "eager")
-#: Known names whose implementation is not available yet: name -> why.
+#: Known names that select whole-layer paths rather than a scan callable: name -> why.
 _PENDING: Final[dict[str, str]] = {
     "fused": (
-        "scan_backend='fused' names the fused per-cell Newton/backward kernels, which arrive with "
-        "a later release of pararnn-kernels and are not available in this version; use 'auto', "
-        "'triton' or 'eager' (the unfused Newton path)"
+        "scan_backend='fused' selects the fused whole-layer kernels (pararnn_core.fused), which "
+        "newton_apply runs for cells that have them (ParaGRU); it is not a per-scan backend, so "
+        "newton_solve and the scan registry cannot run it: use newton_apply, or 'auto', "
+        "'triton' or 'eager' here"
     ),
 }
 #: Names other packages provide: name -> distribution to install.
@@ -190,8 +193,7 @@ def get_scan_backend(name: str) -> ScanBackend:
     """The backend callable for ``name``, loading an entry point on first use.
 
     Raises:
-        NotImplementedError: ``"fused"`` (its kernels are not in this release).
-        ValueError: unknown name.
+        ValueError: unknown name, or ``"fused"`` (a whole-layer path, not a scan).
         TypeError: an entry point that does not load a callable.
     """
     check_scan_backend_name(name)
@@ -210,7 +212,7 @@ def get_scan_backend(name: str) -> ScanBackend:
             _REGISTRY[name] = loaded
             return _REGISTRY[name]
     if name in _PENDING:
-        raise NotImplementedError(_PENDING[name])
+        raise ValueError(_PENDING[name])
     raise _unknown(name)
 
 

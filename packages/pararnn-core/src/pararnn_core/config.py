@@ -20,8 +20,9 @@ class NewtonConfig:
         max_iters: Newton updates at most (``>= 1``). After ``k`` updates the first ``k`` states
             are exact; contracting cells need 2-4.
         tol: stop early once ``max_t |f(h_{t-1}, u_t) - h_t| <= tol``. Checking costs one
-            device-to-host sync per iteration on this (unfused) path; the fused kernels of a later
-            release decide per tile on the device. ``None`` (default) never stops early: exactly
+            device-to-host sync per iteration on the unfused path; the fused kernels
+            (``scan_backend="fused"``) decide per chunk on the device, with no sync, and stop
+            at ``1e-6`` when ``tol`` is None. ``None`` (default) never stops early: exactly
             ``max_iters`` updates run with no sync in between, and the residual history is read
             back once at the end (one sync per layer and forward) for the stats and the
             divergence check.
@@ -29,8 +30,10 @@ class NewtonConfig:
         initial_guess: ``"step"`` (default): ``h^0_t = f(s, u_t)`` with ``s`` the cell's empty
             state -- ``f(0, u_t)`` as in the paper for cells whose empty state is zero;
             ``"initial_state"``: ``h^0_t = s``.
-        scan_backend: ``"auto"``, ``"triton"``, ``"eager"``, ``"fused"`` (not in this release:
-            raises NotImplementedError when used), or a name registered through
+        scan_backend: ``"auto"`` (on CUDA, the fused layer kernels for cells that have them,
+            fused Newton or the fused sequential kernel by a cost model; the Triton scans
+            otherwise), ``"triton"``, ``"eager"``, ``"fused"`` (the fused Newton kernels:
+            :mod:`pararnn_core.fused`; ParaGRU only), or a name registered through
             :func:`~pararnn_core.register_scan_backend` or the entry-point group
             ``pararnn.scan_backends``. An unknown name raises ValueError listing the known ones.
         divergence_threshold: the solve diverged if any iteration's max residual exceeds this

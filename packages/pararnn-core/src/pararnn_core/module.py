@@ -9,6 +9,7 @@ from torch import Tensor, nn
 from ._validation import check_sequence, check_state, check_step_input
 from .cells.base import ParaCell
 from .config import NewtonConfig, NewtonStats
+from .fused import fused_kernels_apply, fused_sequential_apply
 from .newton import newton_apply, sequential_apply
 
 __all__ = ["ParaRNN"]
@@ -21,8 +22,9 @@ class ParaRNN(nn.Module):
 
     ``.train()``: every layer runs :func:`~pararnn_core.newton_apply` (parallel over time, eq. 2.6
     backward) and :attr:`last_stats` is refreshed with one :class:`NewtonStats` per layer.
-    ``.eval()``: every layer runs the sequential recurrence (:func:`~pararnn_core.sequential_apply`);
-    :attr:`last_stats` is left as it was.
+    ``.eval()``: every layer runs the sequential recurrence -- the fused sequential kernel
+    (:func:`~pararnn_core.fused_sequential_apply`) for cells with fused kernels on CUDA,
+    :func:`~pararnn_core.sequential_apply` otherwise; :attr:`last_stats` is left as it was.
 
     State: for a model built from one cell, a tensor ``[B, *S]`` (``[B, d_h]`` for diagonal cells,
     ``[B, d_h, k]`` for block cells); for a model built from a list, a list with one such tensor
@@ -155,6 +157,8 @@ class ParaRNN(nn.Module):
             if self.training:
                 states, layer_stats = newton_apply(cell, y, start, config=self.config)
                 stats.append(layer_stats)
+            elif fused_kernels_apply(cell, y):
+                states = fused_sequential_apply(cell, y, start)
             else:
                 states = sequential_apply(cell, y, start)
             finals.append(states[:, -1])

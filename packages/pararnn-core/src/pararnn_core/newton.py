@@ -25,6 +25,7 @@ from ._validation import check_cell, check_sequence, check_state, float_eps
 from .backends import get_scan_backend, resolved_scan_backend_name
 from .cells.base import ParaCell
 from .config import NewtonConfig, NewtonDivergenceError, NewtonStats
+from .fused import fused_method, fused_newton_apply
 from .structures import Diag, Structure
 
 __all__ = ["newton_apply", "newton_solve", "sequential_apply", "sequential_solve"]
@@ -79,7 +80,7 @@ def newton_solve(
         NewtonDivergenceError: the residual exceeded ``config.divergence_threshold`` or became
             non-finite and ``config.on_divergence == "raise"`` (or the sequential recomputation
             is not finite either).
-        NotImplementedError: ``scan_backend="fused"``.
+        ValueError: ``scan_backend="fused"`` (a whole-layer path: :func:`newton_apply` runs it).
     """
     backend = get_scan_backend(config.scan_backend)
     structure = cell.structure
@@ -224,6 +225,9 @@ def newton_apply(
     x = check_sequence(cell, x)
     h0_t = check_state(cell, h0, x.shape[0], x)
     u = cell.project(x)
+    method = fused_method(cell, u, config)
+    if method is not None:
+        return fused_newton_apply(cell, u, h0_t, config, method)
     named = list(cell.named_parameters())
     names = tuple(name for name, _ in named)
     stats_out: list[NewtonStats] = []

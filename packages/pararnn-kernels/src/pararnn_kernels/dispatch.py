@@ -34,6 +34,7 @@ __all__ = [
     "multiprocessor_count",
     "resolve_scan_backend",
     "supports_bf16",
+    "triton_installed",
     "triton_interpret_mode",
 ]
 
@@ -98,7 +99,8 @@ def triton_interpret_mode() -> bool:
 _TRITON_INSTALLED: Final[bool] = importlib.util.find_spec("triton") is not None
 
 
-def _triton_importable() -> bool:
+def triton_installed() -> bool:
+    """Whether the ``triton`` package is installed (looked up once, at import)."""
     return _TRITON_INSTALLED
 
 
@@ -124,9 +126,9 @@ def resolve_scan_backend(backend: str, device: torch.device, dtype: torch.dtype)
         servable = dtype in TRITON_STORAGE_DTYPES and (
             dtype != torch.bfloat16 or supports_bf16(device)
         )
-        return "triton" if on_cuda and servable and _triton_importable() else "eager"
+        return "triton" if on_cuda and servable and triton_installed() else "eager"
     # An explicit "triton" request: say exactly why it cannot run.
-    if not _triton_importable():
+    if not triton_installed():
         raise ValueError("backend='triton' needs the 'triton' package, which is not installed")
     if not on_cuda and not triton_interpret_mode():
         raise ValueError(

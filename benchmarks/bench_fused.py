@@ -1,0 +1,138 @@
+"""Launch-shape sweep of the fused GRU kernels (the numbers behind their cost model).
+
+Times, on one CUDA GPU, the fused Newton kernel over a grid of launch plans, the fused backward
+over its tile shapes, and the fused sequential kernel, at each shape, as kernels on the projected
+inputs ``u [B, T, 3D]`` (the layer benchmark with the projection and peers is ``pararnn-bench``).
+Every case is checked against the fused sequential kernel (max abs difference printed).
+
+    python3 benchmarks/bench_fused.py --out OUT/fused
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import time
+
+import torch
+import triton.testing
+
+from pararnn_kernels.fused import (
+    FusedPlan,
+    fused_gru_backward,
+    fused_gru_newton,
+    fused_gru_sequential,
+    plan_fused_gru,
+)
+
+#: (block_t, block_d, num_warps) tried; at most 64 tile elements per thread.
+TILES = [
+    (bt, bd, w)
+    for bt in (64, 128, 256, 512)
+    for bd in (4, 8, 16)
+    for w in (1, 2, 4)
+    if bt * bd // (32 * w) <= 64 and bt * bd >= 32 * w
+]
+SHAPES = [(8, 1024, 256), (8, 4096, 256), (8, 16384, 256), (64, 4096, 1024), (1, 65536, 256)]
+
+
+def copy_bandwidth() -> float:
+    src = torch.empty(2**30, device="cuda", dtype=torch.float32)
+    dst = torch.empty_like(src)
+    ms = triton.testing.do_bench(lambda: dst.copy_(src))
+    return 2 * src.numel() * 4 / (ms * 1e-3)
+
+
+def bench_shape(
+    batch: int, steps: int, channels: int, bandwidth: float, quick: bool
+) -> list[dict[str, object]]:
+    """Every plan of the fused kernels at one shape; prints a line per case."""
+    records: list[dict[str, object]] = []
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    u = torch.randn(batch, steps, 3 * channels, device=dev)
+    weight = 0.25 * (2 * torch.rand(3, channels, device=dev) - 1)
+    h0 = 0.5 * torch.randn(batch, channels, device=dev)
+    floor_ms = 4 * u[..., :channels].numel() * 4 / bandwidth * 1e3
+    seq_ms = triton.testing.do_bench(lambda: fused_gru_sequential(u, weight, h0))
+    for bd in (16, 32, 64, 128):
+        ms = triton.testing.do_bench(lambda bd=bd: fused_gru_sequential(u, weight, h0, block_d=bd))
+        print(f"  sequential block_d={bd}: {ms:.3f} ms")
+        records.append(dict(shape=[batch, steps, channels], kind="sequential", block_d=bd, ms=ms))
+    reference = fused_gru_sequential(u, weight, h0)
+    head = f"B={batch} T={steps} D={channels}"
+    print(f"{head}: sequential {seq_ms:.3f} ms, floor {floor_ms:.3f} ms")
+    records.append(dict(shape=[batch, steps, channels], kind="sequential", ms=seq_ms))
+    default = plan_fused_gru(batch, steps, channels, dev)
+
+    def run(plan: FusedPlan) -> float | None:
+        try:
+            ms = triton.testing.do_bench(lambda: fused_gru_newton(u, weight, h0, plan=plan))
+            result = fused_gru_newton(u, weight, h0, plan=plan)
+        except Exception as exc:  # a plan the hardware refuses (registers, shared memory)
+            print(f"  {plan}: failed {type(exc).__name__}: {str(exc)[:120]}")
+            return None
+        err = (result.states - reference).abs().max().item()
+        tag = "default " if plan == default else ""
+        print(
+            f"  {tag}newton {plan.block_t}x{plan.block_d} S={plan.segments} "
+            f"w={plan.num_warps}: {ms:.3f} ms ({seq_ms / ms:.1f}x seq, "
+            f"{100 * floor_ms / ms:.0f}% floor) iters {result.iters} passes {result.passes} "
+            f"err {err:.1e}"
+        )
+        records.append(
+            dict(
+                shape=[batch, steps, channels],
+                kind="newton",
+                default=plan == default,
+                plan=[plan.block_t, plan.block_d, plan.segments, plan.num_warps],
+                ms=ms,
+                err=err,
+                iters=result.iters,
+                passes=result.passes,
+            )
+        )
+        return ms
+
+    run(default)
+    # Stage 1: tile shapes without segments; stage 2: segments with the best tile.
+    tiles = [(128, 16, 4)] if quick else list(TILES)
+    timed = {tile: run(FusedPlan(*tile[:2], 1, tile[2])) for tile in tiles}
+    best = min((t for t in timed if timed[t] is not None), key=lambda t: timed[t] or 0.0)
+    for segments in (2, 4, 8, 16, 32, 64):
+        run(FusedPlan(best[0], best[1], segments, best[2]))
+
+    grad = torch.randn_like(reference)
+    bwd_floor = (3 + 1 + 1 + 3) * reference.numel() * 4 / bandwidth * 1e3
+    for bt, bd, warps in [(64, 8, 4)] if quick else TILES:
+        ms = triton.testing.do_bench(
+            lambda bt=bt, bd=bd, w=warps: fused_gru_backward(
+                u, weight, h0, reference, grad, block_t=bt, block_d=bd, num_warps=w
+            )
+        )
+        print(f"  backward {bt}x{bd} w={warps}: {ms:.3f} ms ({100 * bwd_floor / ms:.0f}% floor)")
+        records.append(
+            dict(shape=[batch, steps, channels], kind="backward", plan=[bt, bd, warps], ms=ms)
+        )
+    return records
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=pathlib.Path, required=True, help="folder for results.json")
+    parser.add_argument("--quick", action="store_true", help="fewer plans")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    bandwidth = copy_bandwidth()
+    print(f"copy bandwidth {bandwidth / 1e9:.0f} GB/s")
+    records: list[dict[str, object]] = []
+    for batch, steps, channels in SHAPES:
+        records += bench_shape(batch, steps, channels, bandwidth, args.quick)
+    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    payload = dict(date=stamp, bandwidth=bandwidth, records=records)
+    (args.out / "results.json").write_text(json.dumps(payload, indent=1))
+
+
+if __name__ == "__main__":
+    main()

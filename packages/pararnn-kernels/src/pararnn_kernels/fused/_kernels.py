@@ -1,0 +1,339 @@
+"""Triton kernels of the fused diagonal-GRU layer (kernel-only module: no types, no public API).
+
+The cell (``pararnn_core.ParaGRU``; ``u = [u_z, u_r, u_c]`` along the last axis, weights
+``w = [a_z, a_r, a_c]`` of shape ``[3, D]``)::
+
+    z = σ(u_z + a_z h),  r = σ(u_r + a_r h),  c = tanh(u_c + a_c r h),  f = h + z (c - h)
+
+Layouts: ``u [B, T, 3D]``, states ``[B, T, D]``, ``h0 [B, D]``, all contiguous; arithmetic in
+float32 whatever the storage dtype.
+
+* ``gru_newton_kernel`` -- grid ``(cdiv(D, BLOCK_D), B, S)``: program ``(d, b, s)`` owns the
+  channels of block d of sequence b over time segment s and walks it in chunks of ``BLOCK_T``
+  steps. Each chunk starts from the exact state at its start (the previous chunk's converged end
+  state; the segment's given start state for its first chunk), runs Newton on-chip until its
+  max residual is ``<= tol`` or ``MAX_ITERS`` updates ran, and hands its end state on. The
+  pre-activations are read once and the states written once. It also writes the segment's end
+  state and ``Π_t J_t`` over the segment (the derivative of the end state by the start state), so
+  the launcher can correct segment start states by a Newton step on the boundaries.
+* ``gru_backward_kernel`` -- grid ``(cdiv(D, BLOCK_D), B)``: one reverse pass over time per
+  program: the adjoint ``μ_t = g_t + J_{t+1} μ_{t+1}`` chunk by chunk (an associative scan per
+  chunk plus the carry), ``∂L/∂u``, ``∂L/∂h0 = J_0 μ_0`` and the per-program partial sums of the
+  weight gradient (summed by the launcher in a fixed order: no atomics, bit-reproducible).
+* ``gru_sequential_kernel`` -- grid ``(cdiv(D, BLOCK_D), B)``: the recurrence step by step, the
+  baseline and the inference path.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _tanh(x):
+    # tanh(x) = 2σ(2x) - 1: one transcendental, and the interpreter runs it too.
+    return 2.0 * tl.sigmoid(2.0 * x) - 1.0
+
+
+@triton.jit
+def _combine(a_left, b_left, a_right, b_right):
+    # The pair monoid of y_t = a_t y_{t-1} + b_t; `left` is earlier in processing order.
+    return a_right * a_left, a_right * b_left + b_right
+
+
+@triton.jit
+def _multiply(a, b):
+    return a * b
+
+
+@triton.jit
+def _gru_gates(h, u_z, u_r, u_c, a_z, a_r, a_c):
+    z = tl.sigmoid(u_z + a_z * h)
+    r = tl.sigmoid(u_r + a_r * h)
+    c = _tanh(u_c + a_c * r * h)
+    return z, r, c
+
+
+@triton.jit
+def _gru_step_and_jacobian(h, u_z, u_r, u_c, a_z, a_r, a_c):
+    z, r, c = _gru_gates(h, u_z, u_r, u_c, a_z, a_r, a_c)
+    gap = c - h
+    d_c = z * (1.0 - c * c)
+    jac = (1.0 - z) + z * (1.0 - z) * a_z * gap + d_c * a_c * (r + r * (1.0 - r) * a_r * h)
+    return h + z * gap, jac
+
+
+@triton.jit
+def _load_gates(u_ptr, offs_u, mask, D):
+    u_z = tl.load(u_ptr + offs_u, mask=mask, other=0.0).to(tl.float32)
+    u_r = tl.load(u_ptr + offs_u + D, mask=mask, other=0.0).to(tl.float32)
+    u_c = tl.load(u_ptr + offs_u + 2 * D, mask=mask, other=0.0).to(tl.float32)
+    return u_z, u_r, u_c
+
+
+@triton.jit
+def _load_weights(w_ptr, offs_d, mask_d, D):
+    a_z = tl.load(w_ptr + offs_d, mask=mask_d, other=0.0).to(tl.float32)
+    a_r = tl.load(w_ptr + D + offs_d, mask=mask_d, other=0.0).to(tl.float32)
+    a_c = tl.load(w_ptr + 2 * D + offs_d, mask=mask_d, other=0.0).to(tl.float32)
+    return a_z, a_r, a_c
+
+
+@triton.jit
+def _load_chunk(u_ptr, row_base, c0, t_end, D, offs_d, mask_d, BLOCK_T: tl.constexpr):
+    t = c0 + tl.arange(0, BLOCK_T)
+    mask = (t < t_end)[:, None] & mask_d[None, :]
+    offs_u = (row_base + t)[:, None] * (3 * D) + offs_d[None, :]
+    return _load_gates(u_ptr, offs_u, mask, D)
+
+
+@triton.jit
+def gru_newton_kernel(
+    u_ptr,
+    w_ptr,
+    start_ptr,
+    out_ptr,
+    end_ptr,
+    jprod_ptr,
+    hist_ptr,
+    iters_ptr,
+    T,
+    D,
+    seg_len,
+    first_seg,
+    tol,
+    omega,
+    MAX_ITERS: tl.constexpr,
+    GUESS: tl.constexpr,
+    NEED_JPROD: tl.constexpr,
+    HIST: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """``start [S, B, D]`` -> states ``out [B, T, D]``, ``end``/``jprod [S, B, D]``.
+
+    Program ``(d, b, s)`` runs segment ``first_seg + s``. ``GUESS``: 0 zeros, 1 ``f(0, u_t)``,
+    2 the states already in ``out`` (a warm start: a correction pass after the segment start
+    states moved). ``hist [S * B * cdiv(D, BLOCK_D), HIST]``: per program, the max residual
+    over its chunks before update k (entry k; -1 where no chunk got that far; +inf for a
+    non-finite residual), and in the last entry the largest residual a chunk stopped at;
+    ``iters`` the most updates any of its chunks ran.
+    """
+    pid_d = tl.program_id(0)
+    pid_b = tl.program_id(1)
+    seg = tl.program_id(2) + first_seg
+    n_d = tl.num_programs(0)
+    n_b = tl.num_programs(1)
+    offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    mask_d = offs_d < D
+    rows = tl.arange(0, BLOCK_T)
+    a_z, a_r, a_c = _load_weights(w_ptr, offs_d, mask_d, D)
+
+    seg_slot = (seg.to(tl.int64) * n_b + pid_b) * D + offs_d
+    h = tl.load(start_ptr + seg_slot, mask=mask_d, other=0.0).to(tl.float32)
+    jprod = tl.full([BLOCK_D], 1.0, dtype=tl.float32)
+    hist = tl.full([HIST], -1.0, dtype=tl.float32)
+    slots = tl.arange(0, HIST)
+    most_iters = tl.full([], 0, dtype=tl.int32)
+    # Shift by one step inside a chunk: row i reads row i - 1 (row 0 reads the carry below).
+    before = tl.maximum(rows - 1, 0)[:, None] + tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.int32)
+
+    t_begin = seg * seg_len
+    t_end = tl.minimum(t_begin + seg_len, T)
+    row_base = pid_b.to(tl.int64) * T
+    # The next chunk's inputs are in flight while this chunk iterates.
+    n_z, n_r, n_c = _load_chunk(u_ptr, row_base, t_begin, t_end, D, offs_d, mask_d, BLOCK_T)
+    for c0 in range(t_begin, t_end, BLOCK_T):
+        u_z, u_r, u_c = n_z, n_r, n_c
+        n_z, n_r, n_c = _load_chunk(
+            u_ptr, row_base, c0 + BLOCK_T, t_end, D, offs_d, mask_d, BLOCK_T
+        )
+        t = c0 + rows
+        valid = t < t_end
+        mask = valid[:, None] & mask_d[None, :]
+        offs_out = (row_base + t)[:, None] * D + offs_d[None, :]
+        if GUESS == 2:
+            states = tl.load(out_ptr + offs_out, mask=mask, other=0.0).to(tl.float32)
+        elif GUESS == 1:
+            states = tl.sigmoid(u_z) * _tanh(u_c)
+        else:
+            states = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
+
+        k = 0
+        done = 0
+        jac = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
+        while done == 0:
+            prev = tl.gather(states, before, 0)
+            prev = tl.where((rows == 0)[:, None], h[None, :], prev)
+            f_val, jac = _gru_step_and_jacobian(prev, u_z, u_r, u_c, a_z, a_r, a_c)
+            residual = tl.where(mask, f_val - states, 0.0)
+            # NaN counts as +inf (tl.max would drop it): never converged, reported non-finite.
+            size = tl.where(residual == residual, tl.abs(residual), float("inf"))
+            worst = tl.max(tl.max(size, axis=1), axis=0)
+            hist = tl.where(slots == k, tl.maximum(hist, worst), hist)
+            if tl.where(worst <= tol, 1, 0) + tl.where(k >= MAX_ITERS, 1, 0) > 0:
+                done = 1
+                # The last slot keeps the largest residual any chunk stopped at.
+                hist = tl.where(slots == HIST - 1, tl.maximum(hist, worst), hist)
+            else:
+                mult = tl.where(valid[:, None], jac, 1.0)
+                _prod, delta = tl.associative_scan((mult, residual), 0, _combine)
+                states = states + omega * delta
+                k += 1
+        most_iters = tl.maximum(most_iters, k)
+
+        tl.store(out_ptr + offs_out, states.to(out_ptr.dtype.element_ty), mask=mask)
+        last = tl.minimum(c0 + BLOCK_T, t_end) - 1 - c0
+        h = tl.sum(tl.where((rows == last)[:, None], states, 0.0), axis=0)
+        if NEED_JPROD:
+            jprod = jprod * tl.reduce(tl.where(valid[:, None], jac, 1.0), 0, _multiply)
+
+    tl.store(end_ptr + seg_slot, h, mask=mask_d)
+    if NEED_JPROD:
+        tl.store(jprod_ptr + seg_slot, jprod, mask=mask_d)
+    program = (tl.program_id(2) * n_b + pid_b) * n_d + pid_d
+    tl.store(hist_ptr + program.to(tl.int64) * HIST + slots, hist)
+    tl.store(iters_ptr + program, most_iters)
+
+
+@triton.jit
+def _load_backward_chunk(
+    u_ptr, grad_ptr, states_ptr, h0, row_base, top, D, offs_d, mask_d, BLOCK_T: tl.constexpr
+):
+    """Rows ``i`` = steps ``top - i``: the gates, ``∂L/∂h`` and the consumed state (h0 at 0)."""
+    t = top - tl.arange(0, BLOCK_T)
+    mask = (t >= 0)[:, None] & mask_d[None, :]
+    offs = (row_base + t)[:, None] * D + offs_d[None, :]
+    offs_u = (row_base + t)[:, None] * (3 * D) + offs_d[None, :]
+    u_z, u_r, u_c = _load_gates(u_ptr, offs_u, mask, D)
+    g = tl.load(grad_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    prev = tl.load(states_ptr + offs - D, mask=mask & (t >= 1)[:, None], other=0.0)
+    prev = tl.where((t == 0)[:, None], h0[None, :], prev.to(tl.float32))
+    return u_z, u_r, u_c, g, prev
+
+
+@triton.jit
+def gru_backward_kernel(
+    u_ptr,
+    w_ptr,
+    h0_ptr,
+    states_ptr,
+    grad_ptr,
+    grad_u_ptr,
+    grad_h0_ptr,
+    grad_w_ptr,
+    T,
+    D,
+    BLOCK_T: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """Reverse pass; ``grad_w [B, cdiv(D, BLOCK_D), 3, BLOCK_D]`` gets this program's partials.
+
+    Rows of a chunk run backwards in time (row i is step ``top - i``), so a forward associative
+    scan over rows solves the reverse recurrence.
+    """
+    pid_d = tl.program_id(0)
+    pid_b = tl.program_id(1)
+    offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    mask_d = offs_d < D
+    rows = tl.arange(0, BLOCK_T)
+    a_z, a_r, a_c = _load_weights(w_ptr, offs_d, mask_d, D)
+    h0 = tl.load(h0_ptr + pid_b.to(tl.int64) * D + offs_d, mask=mask_d, other=0.0)
+    h0 = h0.to(tl.float32)
+    # Row i's multiplier is J at step top - i + 1: the row before it (row 0: the carried one).
+    before = tl.maximum(rows - 1, 0)[:, None] + tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.int32)
+
+    mu_next = tl.zeros([BLOCK_D], dtype=tl.float32)
+    jac_next = tl.zeros([BLOCK_D], dtype=tl.float32)
+    # Weight-gradient partials per (row, channel), reduced over rows once at the end.
+    acc_z = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
+    acc_r = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
+    acc_c = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
+    row_base = pid_b.to(tl.int64) * T
+    # The loads do not depend on the carried adjoint: the next chunk's are in flight while
+    # this one is scanned.
+    n_z, n_r, n_c, n_g, n_prev = _load_backward_chunk(
+        u_ptr, grad_ptr, states_ptr, h0, row_base, T - 1, D, offs_d, mask_d, BLOCK_T
+    )
+    for c0 in range(0, T, BLOCK_T):
+        u_z, u_r, u_c, g, prev = n_z, n_r, n_c, n_g, n_prev
+        n_z, n_r, n_c, n_g, n_prev = _load_backward_chunk(
+            u_ptr,
+            grad_ptr,
+            states_ptr,
+            h0,
+            row_base,
+            T - 1 - c0 - BLOCK_T,
+            D,
+            offs_d,
+            mask_d,
+            BLOCK_T,
+        )
+        t = (T - 1 - c0) - rows
+        valid = t >= 0
+        mask = valid[:, None] & mask_d[None, :]
+        offs_u = (row_base + t)[:, None] * (3 * D) + offs_d[None, :]
+
+        z, r, c = _gru_gates(prev, u_z, u_r, u_c, a_z, a_r, a_c)
+        d_z = z * (1.0 - z) * (c - prev)
+        d_c = z * (1.0 - c * c)
+        d_r = d_c * a_c * prev * r * (1.0 - r)
+        jac = (1.0 - z) + d_z * a_z + d_c * a_c * r + d_r * a_r
+        jac = tl.where(mask, jac, 0.0)
+
+        mult = tl.gather(jac, before, 0)
+        mult = tl.where((rows == 0)[:, None], jac_next[None, :], mult)
+        prod, acc = tl.associative_scan((mult, g), 0, _combine)
+        mu = acc + prod * mu_next[None, :]
+        mu = tl.where(mask, mu, 0.0)
+
+        tl.store(grad_u_ptr + offs_u, (mu * d_z).to(grad_u_ptr.dtype.element_ty), mask=mask)
+        tl.store(grad_u_ptr + offs_u + D, (mu * d_r).to(grad_u_ptr.dtype.element_ty), mask=mask)
+        tl.store(grad_u_ptr + offs_u + 2 * D, (mu * d_c).to(grad_u_ptr.dtype.element_ty), mask=mask)
+        acc_z += mu * d_z * prev
+        acc_r += mu * d_r * prev
+        acc_c += mu * d_c * r * prev
+
+        if T - 1 - c0 < BLOCK_T:  # the chunk holding step 0: ∂L/∂h0 = J_0 μ_0
+            grad_h0 = tl.sum(tl.where((t == 0)[:, None], jac * mu, 0.0), axis=0)
+            tl.store(
+                grad_h0_ptr + pid_b.to(tl.int64) * D + offs_d,
+                grad_h0.to(grad_h0_ptr.dtype.element_ty),
+                mask=mask_d,
+            )
+        mu_next = tl.sum(tl.where((rows == BLOCK_T - 1)[:, None], mu, 0.0), axis=0)
+        jac_next = tl.sum(tl.where((rows == BLOCK_T - 1)[:, None], jac, 0.0), axis=0)
+
+    slot = ((pid_b.to(tl.int64) * tl.num_programs(0) + pid_d) * 3) * BLOCK_D + tl.arange(0, BLOCK_D)
+    tl.store(grad_w_ptr + slot, tl.sum(acc_z, axis=0))
+    tl.store(grad_w_ptr + slot + BLOCK_D, tl.sum(acc_r, axis=0))
+    tl.store(grad_w_ptr + slot + 2 * BLOCK_D, tl.sum(acc_c, axis=0))
+
+
+@triton.jit
+def gru_sequential_kernel(
+    u_ptr,
+    w_ptr,
+    h0_ptr,
+    out_ptr,
+    T,
+    D,
+    BLOCK_D: tl.constexpr,
+):
+    """``h_t = f(h_{t-1}, u_t)`` one step at a time; the next step's inputs load during this one."""
+    pid_d = tl.program_id(0)
+    pid_b = tl.program_id(1)
+    offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    mask_d = offs_d < D
+    a_z, a_r, a_c = _load_weights(w_ptr, offs_d, mask_d, D)
+    h = tl.load(h0_ptr + pid_b.to(tl.int64) * D + offs_d, mask=mask_d, other=0.0)
+    h = h.to(tl.float32)
+    row_base = pid_b.to(tl.int64) * T
+    offs_u = row_base * (3 * D) + offs_d
+    u_z, u_r, u_c = _load_gates(u_ptr, offs_u, mask_d, D)
+    for t in range(T):
+        cur_z, cur_r, cur_c = u_z, u_r, u_c
+        u_z, u_r, u_c = _load_gates(u_ptr, offs_u + 3 * D, mask_d & (offs_d * 0 + t + 1 < T), D)
+        z, _r, c = _gru_gates(h, cur_z, cur_r, cur_c, a_z, a_r, a_c)
+        h = h + z * (c - h)
+        tl.store(out_ptr + (row_base + t) * D + offs_d, h.to(out_ptr.dtype.element_ty), mask=mask_d)
+        offs_u += 3 * D

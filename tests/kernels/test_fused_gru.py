@@ -1,0 +1,179 @@
+"""The fused GRU kernels against the float64 step loop: forward, every gradient, determinism.
+
+CPU cases run the kernels in the Triton interpreter at small sizes, with small chunks so that a
+sequence spans several chunks and segments; ``cuda`` cases run the compiled kernels at real
+sizes. Tolerances: float32 ≤ 1e-5 relative to the largest reference value (states and every
+gradient); bfloat16 storage ≤ 3e-2 (bf16 rounds each stored state and input to 8 mantissa bits).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import Tensor
+
+from pararnn_kernels.fused import (
+    FusedPlan,
+    choose_fused_gru_method,
+    fused_gru_backward,
+    fused_gru_newton,
+    fused_gru_sequential,
+    plan_fused_gru,
+    reference_gru_sequential,
+)
+from pararnn_kernels.testing import assert_close
+
+from .conftest import needs_cuda, needs_interpreter
+
+F32_TOL = 1e-5
+BF16_TOL = 3e-2
+
+
+def _layer(batch: int, steps: int, channels: int, device: str, *, scale: float = 1.0):
+    u = scale * torch.randn(batch, steps, 3 * channels, device=device)
+    weight = 0.25 * (2 * torch.rand(3, channels, device=device) - 1)
+    h0 = 0.5 * torch.randn(batch, channels, device=device)
+    return u, weight, h0
+
+
+def _reference(u: Tensor, weight: Tensor, h0: Tensor | None, grad: Tensor):
+    """float64 states and the gradients of ``<grad, states>`` by autograd through the loop."""
+    u64 = u.detach().double().requires_grad_()
+    w64 = weight.detach().double().requires_grad_()
+    h64 = (h0 if h0 is not None else torch.zeros_like(u[:, 0, : weight.shape[1]])).double()
+    h64 = h64.detach().requires_grad_()
+    states = reference_gru_sequential(u64, w64, h64)
+    g_u, g_w, g_h = torch.autograd.grad(states, (u64, w64, h64), grad.double())
+    return states.detach(), g_u, g_w, g_h
+
+
+def _check_layer(u, weight, h0, plan, tol, label, *, backward_block_t=64):
+    grad = torch.randn(u.shape[0], u.shape[1], weight.shape[1], device=u.device)
+    ref_states, ref_gu, ref_gw, ref_gh = _reference(u, weight, h0, grad)
+    low_u = u.to(torch.bfloat16) if tol == BF16_TOL else u
+    result = fused_gru_newton(low_u, weight, h0, plan=plan)
+    assert result.states.dtype == low_u.dtype
+    assert_close(result.states, ref_states, tol=tol, name=f"states {label}")
+    assert result.max_residual <= 1e-5, f"{label}: stopped at residual {result.max_residual}"
+    assert len(result.residuals) == result.iters + 1
+    sequential = fused_gru_sequential(low_u, weight, h0)
+    assert_close(sequential, ref_states, tol=tol, name=f"sequential {label}")
+    g_u, g_h, g_w = fused_gru_backward(
+        low_u, weight, h0, ref_states.to(low_u.dtype), grad, block_t=backward_block_t
+    )
+    assert_close(g_u, ref_gu, tol=tol, name=f"grad u {label}")
+    assert_close(g_w, ref_gw, tol=tol, name=f"grad weight {label}")
+    assert_close(g_h, ref_gh, tol=tol, name=f"grad h0 {label}")
+
+
+@needs_interpreter
+@pytest.mark.parametrize("segments", [1, 3])
+@pytest.mark.parametrize("steps", [1, 17, 63])
+@pytest.mark.parametrize("with_h0", [True, False], ids=["h0", "zero-h0"])
+def test_fused_gru_in_interpreter(poisoned, steps, segments, with_h0):
+    u, weight, h0 = _layer(2, steps, 5, "cpu")
+    plan = FusedPlan(block_t=16, block_d=4, segments=segments)
+    _check_layer(
+        u,
+        weight,
+        h0 if with_h0 else None,
+        plan,
+        F32_TOL,
+        f"T={steps} S={segments}",
+        backward_block_t=16,
+    )
+
+
+@needs_interpreter
+def test_fused_gru_bf16_storage_in_interpreter(poisoned):
+    u, weight, h0 = _layer(2, 40, 6, "cpu")
+    _check_layer(
+        u, weight, h0, FusedPlan(block_t=16, block_d=8), BF16_TOL, "bf16", backward_block_t=16
+    )
+
+
+@needs_interpreter
+def test_fused_gru_reports_nan_as_non_finite(poisoned):
+    u, weight, h0 = _layer(1, 20, 4, "cpu")
+    u[0, 7, 2] = float("nan")
+    result = fused_gru_newton(u, weight, h0, plan=FusedPlan(block_t=16, block_d=4))
+    assert result.max_residual == float("inf")  # a NaN is reported as non-finite, not hidden
+    assert float("inf") in result.residuals
+
+
+@needs_interpreter
+def test_fused_gru_tolerance_stops_early(poisoned):
+    u, weight, h0 = _layer(1, 32, 4, "cpu")
+    loose = fused_gru_newton(u, weight, h0, tol=1e-1, plan=FusedPlan(block_t=16, block_d=4))
+    tight = fused_gru_newton(u, weight, h0, max_iters=6, plan=FusedPlan(block_t=16, block_d=4))
+    assert loose.iters < tight.iters
+    assert loose.max_residual <= 1e-1 and tight.max_residual <= 1e-6
+
+
+def test_fused_gru_bad_input_names_the_argument():
+    u, weight, h0 = _layer(2, 8, 4, "cpu")
+    with pytest.raises(ValueError, match=r"u must be \[B, T, 3D\]"):
+        fused_gru_newton(u[0], weight, h0)
+    with pytest.raises(ValueError, match="u's last axis must be 3D"):
+        fused_gru_newton(u[..., :-1], weight, h0)
+    with pytest.raises(ValueError, match=r"weight must be \[3, D\] = \[3, 4\], got \(3, 5\)"):
+        fused_gru_newton(u, torch.zeros(3, 5), h0)
+    with pytest.raises(ValueError, match=r"h0 must be \[B, D\] = \[2, 4\], got \(4,\)"):
+        fused_gru_newton(u, weight, h0[0])
+    with pytest.raises(ValueError, match=r"float32, float16 or bfloat16; got u of torch\.float64"):
+        fused_gru_newton(u.double(), weight, h0)
+    with pytest.raises(ValueError, match="max_iters must be an int >= 1"):
+        fused_gru_newton(u, weight, h0, max_iters=0)
+    with pytest.raises(ValueError, match=r"grad_states must be \[B, T, D\]"):
+        fused_gru_backward(u, weight, h0, torch.zeros(2, 8, 4), torch.zeros(2, 8, 5))
+
+
+def test_plan_and_cost_model_are_sane():
+    cpu = torch.device("cpu")
+    assert plan_fused_gru(64, 4096, 1024, cpu).segments == 1  # many programs: no segments
+    assert plan_fused_gru(1, 65536, 16, cpu).segments > 1  # few programs: split time
+    assert plan_fused_gru(1, 100, 16, cpu, segments=1).segments == 1
+    with pytest.raises(ValueError, match="segments must be >= 1"):
+        plan_fused_gru(1, 100, 16, cpu, segments=0)
+    assert choose_fused_gru_method(8, 4096, 256, cpu, torch.float32) == "newton"
+
+
+CUDA_SHAPES = [(8, 4096, 256), (1, 65536, 256), (64, 1024, 1000), (3, 17, 250), (2, 1, 7)]
+
+
+@pytest.mark.cuda
+@needs_cuda
+@pytest.mark.parametrize("shape", CUDA_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_fused_gru_on_gpu(poisoned, shape):
+    batch, steps, channels = shape
+    u, weight, h0 = _layer(batch, steps, channels, "cuda")
+    _check_layer(u, weight, h0, None, F32_TOL, f"cuda {shape}")
+
+
+@pytest.mark.cuda
+@needs_cuda
+@pytest.mark.parametrize("segments", [2, 16])
+def test_fused_gru_segments_on_gpu(poisoned, segments):
+    u, weight, h0 = _layer(2, 20000, 96, "cuda")
+    plan = FusedPlan(segments=segments)
+    _check_layer(u, weight, h0, plan, F32_TOL, f"cuda segments={segments}")
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_fused_gru_bf16_on_gpu(poisoned):
+    u, weight, h0 = _layer(8, 4096, 256, "cuda")
+    _check_layer(u, weight, h0, None, BF16_TOL, "cuda bf16")
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_fused_gru_backward_is_bitwise_deterministic():
+    u, weight, h0 = _layer(8, 8192, 256, "cuda")
+    states = fused_gru_newton(u, weight, h0).states
+    grad = torch.randn_like(states)
+    first = fused_gru_backward(u, weight, h0, states, grad)
+    for _ in range(3):
+        again = fused_gru_backward(u, weight, h0, states, grad)
+        for a, b in zip(first, again, strict=True):
+            assert torch.equal(a, b)
