@@ -1,0 +1,183 @@
+"""Timing, peak memory, copy bandwidth and the HBM floor model.
+
+Timing: on CUDA each call is bracketed by CUDA events after the L2 cache was overwritten (a
+256 MiB ``zero_`` outside the events, as ``triton.testing.do_bench`` does), so a case never
+reads its inputs from the cache the previous call left warm; on the CPU ``time.perf_counter``
+around the call. The first call of every case is a warm-up (it compiles Triton kernels).
+
+Floor (``docs/benchmarks.md``, "pararnn-bench"): the bytes a perfect kernel must move, over the
+device-to-device copy bandwidth measured in the same run (bytes read plus bytes written):
+
+* ``fwd``: read ``u [B, T, d_u]`` once, write the states ``[B, T, *S]`` once;
+* ``fwd_bwd``: that, plus the backward: read the states, ``u`` and ``∂L/∂states``, write
+  ``∂L/∂u`` -- ``3 (d_u + |S|) B T`` elements in all.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final
+
+import torch
+from torch import Tensor
+
+import pararnn_core as pc
+
+__all__ = [
+    "Timing",
+    "copy_bandwidth",
+    "floor_bytes",
+    "l2_flush_buffer",
+    "measure",
+    "time_call_ms",
+]
+
+#: Larger than the L2 cache of any current GPU (H200: 50 MiB).
+L2_FLUSH_BYTES: Final = 256 * 2**20
+
+
+@dataclass(frozen=True)
+class Timing:
+    """What :func:`measure` found.
+
+    Attributes:
+        times_ms: every timed call, in milliseconds.
+        peak_bytes: ``torch.cuda.max_memory_allocated`` over the timed calls, after a reset
+            (None on the CPU).
+        peak_above_start_bytes: ``peak_bytes`` minus what was allocated when the timed calls
+            began (inputs and parameters shared by every method), None on the CPU.
+    """
+
+    times_ms: tuple[float, ...]
+    peak_bytes: int | None
+    peak_above_start_bytes: int | None
+
+    @property
+    def median_ms(self) -> float:
+        return float(statistics.median(self.times_ms))
+
+    @property
+    def min_ms(self) -> float:
+        return min(self.times_ms)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def l2_flush_buffer(device: torch.device) -> Tensor | None:
+    """A buffer whose ``zero_()`` evicts the L2 cache (CUDA), or None (CPU)."""
+    if device.type != "cuda":
+        return None
+    return torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.float32, device=device)
+
+
+def time_call_ms(
+    fn: Callable[[], object], device: torch.device, flush: Tensor | None = None
+) -> float:
+    """Milliseconds of one call of ``fn`` (CUDA events on CUDA, perf_counter on the CPU)."""
+    if device.type == "cuda":
+        if flush is not None:
+            flush.zero_()
+        start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return float(start.elapsed_time(end))
+    begin = time.perf_counter()
+    fn()
+    return (time.perf_counter() - begin) * 1e3
+
+
+def _wall_ms(fn: Callable[[], object], device: torch.device) -> float:
+    _sync(device)
+    begin = time.perf_counter()
+    fn()
+    _sync(device)
+    return (time.perf_counter() - begin) * 1e3
+
+
+def measure(
+    fn: Callable[[], object],
+    device: torch.device,
+    *,
+    warmup: int,
+    repeats: int,
+    slow_ms: float,
+    flush: Tensor | None = None,
+    first_ms: float | None = None,
+) -> Timing:
+    """Time ``fn``: warm-up calls, then ``repeats`` timed calls (fewer when it is slow).
+
+    The first call is a warm-up whose wall time is taken (``first_ms``, if the caller made that
+    call already). When it is slower than ``slow_ms`` no more warm-up runs; one call is timed,
+    and only if that one is faster than ``slow_ms`` (the first was compiling) do the other
+    ``repeats - 1`` follow. Peak memory is tracked over the timed calls.
+
+    Args:
+        fn: the call to time.
+        device: where it runs.
+        warmup: warm-up calls, the first included (``>= 1``).
+        repeats: timed calls for a fast case.
+        slow_ms: the threshold above.
+        flush: an :func:`l2_flush_buffer`, zeroed before each timed call.
+        first_ms: wall time of a first call the caller already made.
+    """
+    first = _wall_ms(fn, device) if first_ms is None else first_ms
+    if first <= slow_ms:
+        for _ in range(warmup - 1):
+            fn()
+    cuda = device.type == "cuda"
+    start_bytes = 0
+    if cuda:
+        _sync(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        start_bytes = torch.cuda.memory_allocated(device)
+    times = [time_call_ms(fn, device, flush)]
+    if times[0] <= slow_ms:
+        times += [time_call_ms(fn, device, flush) for _ in range(repeats - 1)]
+    if not cuda:
+        return Timing(tuple(times), None, None)
+    peak = torch.cuda.max_memory_allocated(device)
+    return Timing(tuple(times), peak, peak - start_bytes)
+
+
+def copy_bandwidth(device: torch.device, nbytes: int, *, repeats: int = 10) -> float:
+    """Bytes per second of ``dst.copy_(src)`` for an ``nbytes`` buffer, counting bytes read
+    plus bytes written (the median of ``repeats`` timed copies after warm-up)."""
+    src = torch.randn(max(nbytes // 4, 1), dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    timing = measure(
+        lambda: dst.copy_(src), device, warmup=3, repeats=repeats, slow_ms=float("inf")
+    )
+    moved = 2 * src.numel() * src.element_size()
+    return moved / (timing.median_ms * 1e-3)
+
+
+def floor_bytes(
+    cell: pc.ParaCell, batch: int, steps: int, dtype: torch.dtype, direction: str
+) -> int:
+    """Bytes the floor model moves for ``cell`` at ``[B, T]`` (module docstring).
+
+    Args:
+        cell: gives ``d_u`` and the state shape ``S``.
+        batch, steps: ``B``, ``T``.
+        dtype: the storage dtype (its element size).
+        direction: ``"fwd"`` or ``"fwd_bwd"``.
+    """
+    state = 1
+    for n in cell.state_shape:
+        state *= n
+    per_step = cell.d_u + state
+    if direction == "fwd_bwd":
+        per_step *= 3
+    elif direction != "fwd":
+        raise ValueError(f"direction must be 'fwd' or 'fwd_bwd', got {direction!r}")
+    element = torch.empty((), dtype=dtype).element_size()
+    return batch * steps * per_step * element

@@ -1,0 +1,271 @@
+"""The built-in methods: the ParaRNN paths and cuDNN, registered on import.
+
+=====================  ===========================================================================
+``newton_fused``       ``newton_apply(cell, x, config=NewtonConfig(scan_backend="fused"))``
+``newton_unfused``     the same with ``scan_backend="triton"`` (``"eager"`` on the CPU)
+``sequential_fused``   ``pararnn_core.fused_sequential_apply(cell, x)``, when that function exists
+``sequential_eager``   ``pararnn_core.sequential_apply``: the Python step loop (T <= max_seq_steps)
+``cudnn``              ``nn.GRU`` (ParaGRU) / ``nn.LSTM`` (ParaLSTM) of the same width, batch_first;
+                       CUDA and scope ``"layer"`` only
+=====================  ===========================================================================
+
+The ParaRNN methods return the states ``[B, T, *S]`` and are checked against one float64
+reference per case: the sequential recurrence of a float64 copy of the cell on the same inputs
+(``T <= max_seq_steps``), or above that a float64 Newton solve run until its residual
+``max |f(h_{t-1}, u_t) - h_t|`` is at most 1e-10 (a fixed point of the recurrence is its unique
+solution, so the residual check makes it exact to ~1e-9 whatever the solver). cuDNN's output
+``[B, T, d]`` is checked against a float64 copy of the same ``nn.GRU``/``nn.LSTM`` run by
+PyTorch's native (non-cuDNN) implementation.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Final
+
+import torch
+from torch import Tensor, nn
+
+import pararnn_core as pc
+
+from .cases import BenchConfig, Case, CaseInputs
+from .registry import Method, Reference, Runner, register_method
+
+__all__ = ["FUSED_SEQUENTIAL_NAME", "pararnn_reference"]
+
+#: The fused sequential kernel's public name in pararnn_core, looked up at run time:
+#: ``fused_sequential_apply(cell, x, h0=None) -> states [B, T, *S]``.
+FUSED_SEQUENTIAL_NAME: Final = "fused_sequential_apply"
+#: Residual the float64 Newton reference must reach, and its iteration budget.
+_REFERENCE_TOL: Final = 1e-10
+_REFERENCE_MAX_ITERS: Final = 64
+#: Relative tolerance of an fp32 check when the method multiplies in TF32.
+_TF32_TOLERANCE: Final = 1e-2
+
+#: ``(cell, inputs) -> (states [B, T, *S], stats or None)``.
+ApplyFn = Callable[[pc.ParaCell, Tensor], tuple[Tensor, pc.NewtonStats | None]]
+
+_CUDNN_LAYERS: Final[dict[str, type[nn.GRU] | type[nn.LSTM]]] = {
+    "ParaGRU": nn.GRU,
+    "ParaLSTM": nn.LSTM,
+}
+
+
+def pararnn_reference(cell: pc.ParaCell, inputs: Tensor, config: BenchConfig) -> Reference:
+    """The float64 states of ``cell`` on ``inputs`` (see the module docstring).
+
+    Args:
+        cell: the case's cell (any dtype; a float64 copy is made).
+        inputs: ``[B, T, d_in]``.
+        config: its ``max_seq_steps`` picks sequential or Newton.
+
+    Returns:
+        ``states [B, T, *S]`` in float64 on the CPU, and the kind.
+
+    Raises:
+        RuntimeError: the Newton reference did not reach its residual.
+    """
+    cell64 = copy.deepcopy(cell).to(torch.float64)
+    x64 = inputs.detach().to(torch.float64)
+    with torch.no_grad():
+        if inputs.shape[1] <= config.max_seq_steps:
+            return Reference(pc.sequential_apply(cell64, x64).cpu(), "sequential_fp64")
+        solver = pc.NewtonConfig(
+            max_iters=_REFERENCE_MAX_ITERS, tol=_REFERENCE_TOL, scan_backend="auto"
+        )
+        states, stats = pc.newton_apply(cell64, x64, config=solver)
+    if not stats.max_residual <= _REFERENCE_TOL:
+        raise RuntimeError(
+            f"the float64 Newton reference stopped at residual {stats.max_residual:.2e} after "
+            f"{stats.iters} iterations (needs <= {_REFERENCE_TOL:.0e})"
+        )
+    return Reference(states.cpu(), f"newton_fp64(iters={stats.iters})")
+
+
+def _pararnn_runner(case: Case, inputs: CaseInputs, config: BenchConfig, apply: ApplyFn) -> Runner:
+    cell, source, cotangent = inputs.cell, inputs.inputs, inputs.cotangent
+    params = list(cell.parameters())
+    layer = case.scope == "layer"
+    last: list[pc.NewtonStats | None] = [None]
+
+    def forward() -> Tensor:
+        with torch.no_grad():
+            states, stats = apply(cell, source)
+        last[0] = stats
+        return states
+
+    def forward_backward() -> None:
+        for p in params:
+            p.grad = None
+        source.grad = None
+        states, _ = apply(cell, source)
+        out = cell.output(states) if layer else states
+        torch.autograd.backward(out, cotangent)
+
+    return Runner(
+        forward=forward,
+        forward_backward=forward_backward,
+        reference=lambda: pararnn_reference(cell, source, config),
+        reference_key="pararnn_states",
+        stats=lambda: last[0],
+    )
+
+
+def _newton(backend: Callable[[Case], str]) -> Callable[[Case, CaseInputs, BenchConfig], Runner]:
+    def build(case: Case, inputs: CaseInputs, config: BenchConfig) -> Runner:
+        solver = pc.NewtonConfig(
+            max_iters=config.newton_iters, tol=config.newton_tol, scan_backend=backend(case)
+        )
+
+        def apply(cell: pc.ParaCell, x: Tensor) -> tuple[Tensor, pc.NewtonStats | None]:
+            return pc.newton_apply(cell, x, config=solver)
+
+        return _pararnn_runner(case, inputs, config, apply)
+
+    return build
+
+
+def _unfused_backend(case: Case) -> str:
+    # Triton needs CUDA; on the CPU the unfused path is the pure-torch log-depth scan.
+    return "triton" if case.device.type == "cuda" else "eager"
+
+
+def _fused_sequential() -> Callable[..., Tensor] | None:
+    found = getattr(pc, FUSED_SEQUENTIAL_NAME, None)
+    return found if callable(found) else None
+
+
+def _fused_sequential_available(case: Case, config: BenchConfig) -> str | None:
+    if _fused_sequential() is None:
+        return (
+            f"pararnn_core.{FUSED_SEQUENTIAL_NAME} does not exist in pararnn-core "
+            f"{pc.__version__} (the fused sequential kernels are not there yet)"
+        )
+    return None
+
+
+def _build_fused_sequential(case: Case, inputs: CaseInputs, config: BenchConfig) -> Runner:
+    fn = _fused_sequential()
+    if fn is None:
+        raise NotImplementedError(_fused_sequential_available(case, config))
+
+    def apply(cell: pc.ParaCell, x: Tensor) -> tuple[Tensor, pc.NewtonStats | None]:
+        states: Tensor = fn(cell, x)
+        return states, None
+
+    return _pararnn_runner(case, inputs, config, apply)
+
+
+def _sequential_eager_available(case: Case, config: BenchConfig) -> str | None:
+    if case.shape.steps > config.max_seq_steps:
+        return (
+            f"T={case.shape.steps} > max_seq_steps={config.max_seq_steps}: the eager step loop "
+            "is not timed above it (--max-seq-steps)"
+        )
+    return None
+
+
+def _build_sequential_eager(case: Case, inputs: CaseInputs, config: BenchConfig) -> Runner:
+    def apply(cell: pc.ParaCell, x: Tensor) -> tuple[Tensor, pc.NewtonStats | None]:
+        return pc.sequential_apply(cell, x), None
+
+    return _pararnn_runner(case, inputs, config, apply)
+
+
+def _cudnn_available(case: Case, config: BenchConfig) -> str | None:
+    if case.device.type != "cuda":
+        return f"cuDNN runs on CUDA only (device is {case.device.type})"
+    if not torch.backends.cudnn.is_available():  # type: ignore[no-untyped-call]
+        return "torch.backends.cudnn is not available in this PyTorch build"
+    if case.cell not in _CUDNN_LAYERS:
+        return f"torch.nn has no cuDNN counterpart of {case.cell}"
+    if case.scope != "layer":
+        return (
+            "nn.GRU/nn.LSTM always apply their input projection: cuDNN is timed in scope "
+            "'layer' only"
+        )
+    return None
+
+
+def _build_cudnn(case: Case, inputs: CaseInputs, config: BenchConfig) -> Runner:
+    width = case.shape.width
+    rnn = _CUDNN_LAYERS[case.cell](
+        width, width, batch_first=True, device=case.device, dtype=case.torch_dtype
+    )
+    x, cotangent = inputs.inputs, inputs.cotangent
+    params = list(rnn.parameters())
+
+    def forward() -> Tensor:
+        with torch.no_grad():
+            out: Tensor = rnn(x)[0]
+        return out
+
+    def forward_backward() -> None:
+        for p in params:
+            p.grad = None
+        x.grad = None
+        out: Tensor = rnn(x)[0]
+        torch.autograd.backward(out, cotangent)
+
+    def reference() -> Reference:
+        rnn64 = copy.deepcopy(rnn).to(torch.float64)
+        # PyTorch's native kernels, not cuDNN: an independent implementation of the same layer.
+        with torch.no_grad(), torch.backends.cudnn.flags(enabled=False):
+            out: Tensor = rnn64(x.detach().to(torch.float64))[0]
+        return Reference(out.cpu(), "torch_native_fp64")
+
+    # With PyTorch's default torch.backends.cudnn.allow_tf32 = True, cuDNN's fp32 RNN multiplies
+    # in TF32 (10-bit mantissa): the check allows for that instead of flagging it.
+    tf32 = case.dtype == "fp32" and bool(torch.backends.cudnn.allow_tf32)
+    return Runner(
+        forward,
+        forward_backward,
+        reference,
+        reference_key="cudnn_output",
+        tolerance=_TF32_TOLERANCE if tf32 else None,
+    )
+
+
+def _register_builtins() -> None:
+    register_method(
+        Method(
+            "newton_fused",
+            'newton_apply with NewtonConfig(scan_backend="fused"): the fused Newton kernels',
+            _newton(lambda case: "fused"),
+        )
+    )
+    register_method(
+        Method(
+            "newton_unfused",
+            'newton_apply with scan_backend="triton" ("eager" on the CPU): unfused Newton + scans',
+            _newton(_unfused_backend),
+        )
+    )
+    register_method(
+        Method(
+            "sequential_fused",
+            f"pararnn_core.{FUSED_SEQUENTIAL_NAME}: the fused sequential kernel (when it exists)",
+            _build_fused_sequential,
+            _fused_sequential_available,
+        )
+    )
+    register_method(
+        Method(
+            "sequential_eager",
+            "pararnn_core.sequential_apply: the Python step loop (T <= --max-seq-steps)",
+            _build_sequential_eager,
+            _sequential_eager_available,
+        )
+    )
+    register_method(
+        Method(
+            "cudnn",
+            "nn.GRU / nn.LSTM of the same width, batch_first (CUDA, scope 'layer')",
+            _build_cudnn,
+            _cudnn_available,
+        )
+    )
+
+
+_register_builtins()

@@ -1,0 +1,153 @@
+"""The method registry: what the harness can time, by name.
+
+A method is a :class:`Method`: a name, a one-line summary, an availability check and a builder.
+For each case (:class:`~pararnn_examples.bench.Case`) the harness asks ``available(case, config)``
+-- ``None`` means "time it", a string is the reason it is recorded as skipped -- and then calls
+``build(case, inputs, config)`` for a :class:`Runner`: the forward, the forward+backward, and the
+float64 reference its forward output is compared with. Exceptions raised while building or
+running are recorded too (``docs/benchmarks.md``: NotImplementedError, out of memory and cuDNN
+refusals as skipped, anything else as an error).
+
+The built-in methods live in :mod:`pararnn_examples.bench.methods`; a peer library (accelerated-
+scan, FlashRNN, fla, ...) plugs in the same way::
+
+    register_method(Method("flashrnn", "FlashRNN triton_fused", build_flashrnn, flashrnn_available))
+
+and becomes a ``--methods`` choice, a row of the table and a ``speedup_vs_flashrnn`` column.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, NamedTuple
+
+from torch import Tensor
+
+import pararnn_core as pc
+
+if TYPE_CHECKING:
+    from .cases import BenchConfig, Case, CaseInputs
+
+__all__ = [
+    "Method",
+    "Reference",
+    "Runner",
+    "get_method",
+    "method_names",
+    "register_method",
+    "unregister_method",
+]
+
+
+class Reference(NamedTuple):
+    """A float64 result a method's forward output is compared with.
+
+    Attributes:
+        value: the reference, like the method's forward output (any device; compared in float64
+            on the CPU).
+        kind: how it was computed, e.g. ``"sequential_fp64"``; goes to the ``reference`` column.
+    """
+
+    value: Tensor
+    kind: str
+
+
+def _no_stats() -> pc.NewtonStats | None:
+    return None
+
+
+@dataclass(frozen=True)
+class Runner:
+    """One method, built for one case.
+
+    Attributes:
+        forward: runs the forward under ``torch.no_grad()`` and returns what is checked: the
+            states ``[B, T, *S]`` for ParaRNN methods, the output ``[B, T, d]`` for cuDNN.
+        forward_backward: runs the forward with autograd and back-propagates the case's
+            cotangent into the inputs and every parameter (gradients are reset at each call).
+        reference: computes the float64 reference of ``forward()``'s result on the same inputs.
+        reference_key: methods of one case with the same key share one reference computation.
+        stats: the :class:`~pararnn_core.NewtonStats` of the latest ``forward()`` (None for
+            methods without Newton).
+        tolerance: relative tolerance of the check, ``max_err <= tolerance * max(1, max|ref|)``;
+            None for the storage dtype's default (``harness.TOLERANCES``).
+    """
+
+    forward: Callable[[], Tensor]
+    forward_backward: Callable[[], None]
+    reference: Callable[[], Reference]
+    reference_key: str
+    stats: Callable[[], pc.NewtonStats | None] = _no_stats
+    tolerance: float | None = None
+
+
+def _always_available(case: Case, config: BenchConfig) -> str | None:
+    return None
+
+
+@dataclass(frozen=True)
+class Method:
+    """A registered benchmark method.
+
+    Attributes:
+        name: the ``--methods`` name and the ``method`` column (``[a-z0-9_]+``).
+        summary: one line for ``--help`` and the docs.
+        build: ``(case, inputs, config) -> Runner``; may raise (recorded, see the module
+            docstring).
+        available: ``(case, config) -> None`` to time the case, or the reason it is skipped.
+    """
+
+    name: str
+    summary: str
+    build: Callable[[Case, CaseInputs, BenchConfig], Runner]
+    available: Callable[[Case, BenchConfig], str | None] = _always_available
+
+    def __post_init__(self) -> None:
+        valid = self.name and all(c.isascii() and (c.isalnum() or c == "_") for c in self.name)
+        if not valid or self.name != self.name.lower():
+            raise ValueError(
+                f"Method name must be lower-case letters, digits and '_', got {self.name!r}"
+            )
+        if not callable(self.build) or not callable(self.available):
+            raise TypeError("Method build and available must be callable")
+
+
+_METHODS: dict[str, Method] = {}
+
+
+def register_method(method: Method, *, replace: bool = False) -> None:
+    """Make ``method`` a harness method (appended to the default method order).
+
+    Raises:
+        TypeError: ``method`` is not a :class:`Method`.
+        ValueError: the name is taken and ``replace`` is False.
+    """
+    if not isinstance(method, Method):
+        raise TypeError(f"method must be a Method, got {type(method).__name__}")
+    if method.name in _METHODS and not replace:
+        raise ValueError(f"method {method.name!r} is already registered; pass replace=True")
+    _METHODS[method.name] = method
+
+
+def unregister_method(name: str) -> None:
+    """Forget a registered method (KeyError if absent)."""
+    if name not in _METHODS:
+        raise KeyError(f"method {name!r} is not registered")
+    del _METHODS[name]
+
+
+def method_names() -> tuple[str, ...]:
+    """Registered method names, in registration order."""
+    return tuple(_METHODS)
+
+
+def get_method(name: str) -> Method:
+    """The registered method called ``name``.
+
+    Raises:
+        ValueError: unknown name (the message lists the known ones).
+    """
+    if name not in _METHODS:
+        raise ValueError(f"method must be one of {list(_METHODS)}, got {name!r}")
+    return _METHODS[name]

@@ -1,0 +1,320 @@
+"""pararnn-bench on the CPU at tiny sizes: records, checks, files, the method registry, the CLI."""
+
+from __future__ import annotations
+
+import csv
+import json
+import runpy
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+import pararnn_core as pc
+from pararnn_examples.bench import (
+    CELLS,
+    CSV_NAME,
+    DIRECTIONS,
+    JSON_NAME,
+    PLOT_NAME,
+    RECORD_COLUMNS,
+    SCOPES,
+    BenchConfig,
+    BenchResult,
+    Method,
+    Reference,
+    Runner,
+    Shape,
+    floor_bytes,
+    format_table,
+    method_names,
+    parse_shape,
+    register_method,
+    run_bench,
+    unregister_method,
+    write_results,
+)
+from pararnn_examples.bench.cli import main
+
+SHAPES = (Shape(2, 8, 4), Shape(2, 16, 4))
+BUILTIN = ("newton_fused", "newton_unfused", "sequential_fused", "sequential_eager", "cudnn")
+#: The columns the harness documents (docs/benchmarks.md, "pararnn-bench").
+DOCUMENTED = (
+    "cell", "scope", "method", "direction", "batch", "steps", "width", "dtype", "device",
+    "status", "skipped_reason", "median_ms", "floor_ms", "pct_of_floor", "peak_bytes", "max_err",
+    "err_ok", "newton_iters", "speedup_vs_sequential_fused", "speedup_vs_cudnn",
+    "speedup_vs_sequential_eager",
+)  # fmt: skip
+
+
+def tiny(**overrides: object) -> BenchConfig:
+    settings: dict[str, object] = {
+        "device": "cpu",
+        "shapes": SHAPES,
+        "warmup": 1,
+        "repeats": 1,
+        "copy_bytes": 2**20,
+    }
+    settings.update(overrides)
+    return BenchConfig(**settings)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def result() -> BenchResult:
+    return run_bench(tiny(), progress=False)
+
+
+def test_every_case_has_both_directions(result: BenchResult) -> None:
+    assert set(BUILTIN) <= set(method_names())
+    keys = {(r.cell, r.scope, r.method, r.steps, r.direction) for r in result.records}
+    expected = {
+        (c, s, m, shape.steps, d)
+        for c in CELLS
+        for s in SCOPES
+        for m in BUILTIN
+        for shape in SHAPES
+        for d in DIRECTIONS
+    }
+    assert keys == expected
+    assert len(result.records) == len(expected)
+
+
+def test_available_methods_are_timed_and_match_the_float64_reference(
+    result: BenchResult,
+) -> None:
+    for r in result.records:
+        if r.method in ("newton_unfused", "sequential_eager"):
+            assert r.status == "ok", (r.method, r.skipped_reason)
+        if r.status != "ok":
+            continue
+        assert r.median_ms is not None and r.median_ms > 0
+        assert r.repeats >= 1
+        assert r.max_err is not None and r.max_err < 1e-4, (r.cell, r.method, r.max_err)
+        assert r.err_ok is True
+        assert r.reference == "sequential_fp64"
+        assert r.floor_ms is not None and r.pct_of_floor is not None
+        assert r.peak_bytes is None  # CPU: no CUDA memory statistics
+        if r.method.startswith("newton"):
+            assert r.newton_iters == pc.NewtonConfig().max_iters
+            assert r.newton_residual is not None and r.newton_residual < 1e-5
+    unfused = [r for r in result.records if r.method == "newton_unfused"]
+    assert {r.scan_backend for r in unfused} == {"eager"}
+
+
+def test_fused_methods_are_skipped_with_a_reason_or_timed(result: BenchResult) -> None:
+    for r in result.records:
+        if r.method not in ("newton_fused", "sequential_fused"):
+            continue
+        if r.status == "skipped":
+            assert len(r.skipped_reason) > 20, r.skipped_reason
+            assert r.median_ms is None
+        else:
+            assert r.status == "ok", r.skipped_reason
+    fused = {r.skipped_reason for r in result.records if r.method == "newton_fused"}
+    if fused != {""}:
+        assert any("fused" in reason for reason in fused)
+    if not hasattr(pc, "fused_sequential_apply"):
+        reasons = {r.skipped_reason for r in result.records if r.method == "sequential_fused"}
+        assert all("fused_sequential_apply" in reason for reason in reasons)
+
+
+def test_cudnn_is_skipped_on_the_cpu(result: BenchResult) -> None:
+    cudnn = [r for r in result.records if r.method == "cudnn"]
+    assert cudnn and all(r.status == "skipped" and "CUDA" in r.skipped_reason for r in cudnn)
+
+
+def test_speedups_are_ratios_within_a_case(result: BenchResult) -> None:
+    index = {(r.cell, r.scope, r.method, r.steps, r.direction): r for r in result.records}
+    for (cell, scope, method, steps, direction), r in index.items():
+        if method != "newton_unfused":
+            continue
+        seq = index[(cell, scope, "sequential_eager", steps, direction)]
+        assert r.median_ms is not None and seq.median_ms is not None
+        assert r.speedups["sequential_eager"] == pytest.approx(seq.median_ms / r.median_ms)
+        assert "cudnn" not in r.speedups and "newton_unfused" not in r.speedups
+
+
+def test_floor_bytes_follow_the_model() -> None:
+    b, t, d = 3, 5, 4
+    for name, per_channel in (("ParaGRU", 3 + 1), ("ParaLSTM", 3 + 2), ("ParaSLSTM", 4 + 3)):
+        cell = CELLS[name](d, d)
+        assert floor_bytes(cell, b, t, torch.float32, "fwd") == b * t * d * per_channel * 4
+        assert floor_bytes(cell, b, t, torch.bfloat16, "fwd_bwd") == 3 * b * t * d * per_channel * 2
+    with pytest.raises(ValueError, match="direction"):
+        floor_bytes(CELLS["ParaGRU"](d, d), b, t, torch.float32, "bwd")
+
+
+def test_files_parse_with_the_documented_columns(result: BenchResult, tmp_path: Path) -> None:
+    written = write_results(result, tmp_path / "out")
+    with written.csv.open() as f:
+        reader = csv.DictReader(f)
+        rows = list(reader)
+        header = reader.fieldnames or []
+    assert written.csv.name == CSV_NAME and written.json.name == JSON_NAME
+    assert list(header[: len(RECORD_COLUMNS)]) == list(RECORD_COLUMNS)
+    assert set(DOCUMENTED) <= set(header)
+    assert len(rows) == len(result.records)
+    ok = [row for row in rows if row["status"] == "ok"]
+    assert ok and all(float(row["max_err"]) < 1e-4 for row in ok)
+    payload = json.loads(written.json.read_text())
+    assert set(payload) == {"environment", "config", "records"}
+    assert payload["environment"]["copy_bandwidth_GBps"] > 0
+    assert payload["config"]["shapes"] == [list(s) for s in SHAPES]
+    assert len(payload["records"]) == len(result.records)
+    for record in payload["records"]:
+        assert set(RECORD_COLUMNS) | {"speedups"} == set(record)
+    if written.plot.path is None:
+        assert "matplotlib" in written.plot.message
+    else:
+        assert written.plot.path == tmp_path / "out" / PLOT_NAME
+        assert written.plot.path.stat().st_size > 0
+    table = format_table(result)
+    assert table.count("\n") == len(result.records) + 1
+    assert "x sequential_eager" in table
+
+
+@pytest.fixture
+def peer_methods() -> Iterator[list[str]]:
+    """Three peer methods for the registry: one working, one refused by "cuDNN", one broken."""
+
+    def build_copy(case: object, inputs: object, config: object) -> Runner:
+        from pararnn_examples.bench import CaseInputs
+
+        assert isinstance(inputs, CaseInputs)
+        cell, x = inputs.cell, inputs.inputs
+
+        def forward() -> torch.Tensor:
+            with torch.no_grad():
+                return pc.sequential_apply(cell, x)
+
+        def forward_backward() -> None:
+            pc.sequential_apply(cell, x).sum().backward()
+
+        def reference() -> Reference:
+            cell64 = CELLS[type(cell).__name__](cell.d_in, cell.d_h)
+            cell64.load_state_dict(cell.state_dict())
+            return Reference(pc.sequential_apply(cell64.double(), x.detach().double()), "peer")
+
+        return Runner(forward, forward_backward, reference, reference_key="peer")
+
+    def build_refused(case: object, inputs: object, config: object) -> Runner:
+        raise RuntimeError("cuDNN error: CUDNN_STATUS_NOT_SUPPORTED")
+
+    def build_broken(case: object, inputs: object, config: object) -> Runner:
+        raise KeyError("boom")
+
+    names = ["peer_copy", "peer_refused", "peer_broken"]
+    register_method(Method(names[0], "a peer timed like the eager loop", build_copy))
+    register_method(Method(names[1], "a peer cuDNN refuses", build_refused))
+    register_method(Method(names[2], "a peer that fails", build_broken))
+    try:
+        yield names
+    finally:
+        for name in names:
+            unregister_method(name)
+
+
+def test_registered_peer_methods_plug_in(peer_methods: list[str]) -> None:
+    config = tiny(
+        cells=("ParaGRU",),
+        shapes=(Shape(2, 8, 4),),
+        scopes=("layer",),
+        methods=("sequential_eager", *peer_methods),
+    )
+    records = {(r.method, r.direction): r for r in run_bench(config, progress=False).records}
+    for direction in DIRECTIONS:
+        copy = records[("peer_copy", direction)]
+        assert copy.status == "ok" and copy.reference == "peer"
+        assert copy.max_err is not None and copy.max_err < 1e-6
+        assert set(copy.speedups) == {"sequential_eager"}
+        refused = records[("peer_refused", direction)]
+        assert (
+            refused.status == "skipped" and "CUDNN_STATUS_NOT_SUPPORTED" in refused.skipped_reason
+        )
+        broken = records[("peer_broken", direction)]
+        assert broken.status == "error" and "KeyError" in broken.skipped_reason
+    with pytest.raises(KeyError, match="boom"):
+        run_bench(
+            tiny(cells=("ParaGRU",), shapes=(Shape(1, 4, 2),), methods=(peer_methods[2],),
+                 fail_fast=True),
+            progress=False,
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="already registered"):
+        register_method(Method(peer_methods[0], "again", lambda *a: None))  # type: ignore[arg-type,return-value]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"methods": ("nope",)}, "methods must be among .* got unknown \\['nope'\\]"),
+        ({"cells": ("ParaRNN",)}, "cells must be among"),
+        ({"dtypes": ("fp64",)}, "dtypes must be among"),
+        ({"scopes": ()}, "scopes must name at least one"),
+        ({"shapes": (Shape(0, 8, 4),)}, "shape batch must be a positive int, got 0"),
+        ({"repeats": 0}, "repeats must be a positive int, got 0"),
+        ({"device": "tpu"}, "device must be 'cuda' or 'cpu', got 'tpu'"),
+    ],
+)
+def test_bad_configs_name_the_option(overrides: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        tiny(**overrides)
+
+
+def test_parse_shape() -> None:
+    assert parse_shape("64x4096x1024") == Shape(64, 4096, 1024)
+    for bad in ("64x4096", "1x0x4", "axbxc"):
+        with pytest.raises(ValueError, match=f"shape must be 'BxTxD'.*got '{bad}'"):
+            parse_shape(bad)
+
+
+def test_cli_help_lists_every_option(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    for option in ("--out", "--quick", "--device", "--cells", "--methods", "--batch", "--width",
+                   "--steps", "--shape", "--dtype", "--scopes", "--max-seq-steps", "--repeats",
+                   "--warmup", "--no-plot"):  # fmt: skip
+        assert option in text
+    for name in BUILTIN:
+        assert name in text
+
+
+def test_cli_rejects_bad_options(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    for argv, message in (
+        (["--shape", "1x2"], "shape must be 'BxTxD'"),
+        (["--batch", "0"], "argument --batch: expected a positive integer, got '0'"),
+        (["--methods", "nope"], "argument --methods: invalid choice: 'nope'"),
+    ):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["--out", str(tmp_path), *argv])
+        assert exit_info.value.code == 2
+        assert message in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit):
+            main(["--out", str(tmp_path), "--device", "cuda"])
+        assert "torch.cuda.is_available() is False" in capsys.readouterr().err
+
+
+def test_cli_run_writes_the_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "bench"
+    code = main(["--out", str(out), "--quick", "--device", "cpu", "--cells", "ParaLSTM",
+                 "--steps", "8", "--width", "4", "--methods", "newton_unfused",
+                 "sequential_eager", "--no-progress"])  # fmt: skip
+    assert code == 0
+    assert (out / CSV_NAME).exists() and (out / JSON_NAME).exists()
+    text = capsys.readouterr().out
+    assert "| ParaLSTM | fp32 |" in text and "0 errors, 0 outside tolerance" in text
+
+
+def test_module_entry_point_runs(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``python3 -m pararnn_examples.bench`` (how the GPU machine runs it, without install)."""
+    monkeypatch.setattr(sys, "argv", ["pararnn_examples.bench", "--help"])
+    with pytest.raises(SystemExit) as exit_info:
+        runpy.run_module("pararnn_examples.bench", run_name="__main__")
+    assert exit_info.value.code == 0
+    assert "usage: pararnn-bench" in capsys.readouterr().out
