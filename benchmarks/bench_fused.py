@@ -57,9 +57,14 @@ def bench_shape(
     floor_ms = 4 * u[..., :channels].numel() * 4 / bandwidth * 1e3
     seq_ms = triton.testing.do_bench(lambda: fused_gru_sequential(u, weight, h0))
     for bd in (16, 32, 64, 128):
-        ms = triton.testing.do_bench(lambda bd=bd: fused_gru_sequential(u, weight, h0, block_d=bd))
-        print(f"  sequential block_d={bd}: {ms:.3f} ms")
-        records.append(dict(shape=[batch, steps, channels], kind="sequential", block_d=bd, ms=ms))
+        for rows in (1, 4, 8, 16):
+            ms = triton.testing.do_bench(
+                lambda bd=bd, rows=rows: fused_gru_sequential(u, weight, h0, block_d=bd, rows=rows)
+            )
+            print(f"  sequential block_d={bd} rows={rows}: {ms:.3f} ms")
+            records.append(
+                dict(shape=[batch, steps, channels], kind="sequential", plan=[bd, rows], ms=ms)
+            )
     reference = fused_gru_sequential(u, weight, h0)
     head = f"B={batch} T={steps} D={channels}"
     print(f"{head}: sequential {seq_ms:.3f} ms, floor {floor_ms:.3f} ms")

@@ -128,14 +128,32 @@ def test_fused_gru_bad_input_names_the_argument():
         fused_gru_backward(u, weight, h0, torch.zeros(2, 8, 4), torch.zeros(2, 8, 5))
 
 
-def test_plan_and_cost_model_are_sane():
+def test_plan_and_cost_model_are_sane(monkeypatch):
+    # An H200's 132 multiprocessors, so the picks are the ones measured in docs/benchmarks.md.
+    monkeypatch.setattr("pararnn_kernels.fused.gru.multiprocessor_count", lambda device: 132)
     cpu = torch.device("cpu")
     assert plan_fused_gru(64, 4096, 1024, cpu).segments == 1  # many programs: no segments
-    assert plan_fused_gru(1, 65536, 16, cpu).segments > 1  # few programs: split time
-    assert plan_fused_gru(1, 100, 16, cpu, segments=1).segments == 1
+    assert plan_fused_gru(1, 65536, 256, cpu).segments == 8  # few programs: split time
+    assert plan_fused_gru(1, 100, 16, cpu).segments == 1  # a single chunk is never split
     with pytest.raises(ValueError, match="segments must be >= 1"):
         plan_fused_gru(1, 100, 16, cpu, segments=0)
-    assert choose_fused_gru_method(8, 4096, 256, cpu, torch.float32) == "newton"
+    picks = {
+        shape: choose_fused_gru_method(*shape, cpu, torch.float32)
+        for shape in [
+            (8, 1024, 256),
+            (8, 4096, 256),
+            (8, 16384, 256),
+            (64, 4096, 1024),
+            (1, 65536, 256),
+        ]
+    }
+    assert picks == {
+        (8, 1024, 256): "sequential",
+        (8, 4096, 256): "newton",
+        (8, 16384, 256): "newton",
+        (64, 4096, 1024): "sequential",
+        (1, 65536, 256): "newton",
+    }
 
 
 CUDA_SHAPES = [(8, 4096, 256), (1, 65536, 256), (64, 1024, 1000), (3, 17, 250), (2, 1, 7)]

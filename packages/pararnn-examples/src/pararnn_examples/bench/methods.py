@@ -28,8 +28,9 @@ import torch
 from torch import Tensor, nn
 
 import pararnn_core as pc
+from pararnn_kernels.dispatch import triton_interpret_mode
 
-from .cases import BenchConfig, Case, CaseInputs
+from .cases import CELLS, BenchConfig, Case, CaseInputs
 from .registry import Method, Reference, Runner, register_method
 
 __all__ = ["FUSED_SEQUENTIAL_NAME", "pararnn_reference"]
@@ -136,13 +137,28 @@ def _fused_sequential() -> Callable[..., Tensor] | None:
     return found if callable(found) else None
 
 
+def _fused_available(case: Case, config: BenchConfig) -> str | None:
+    """Why the fused kernels cannot run this case (None when they can)."""
+    has = getattr(pc, "has_fused_kernels", None)
+    cell = CELLS[case.cell](2, 2) if case.cell in CELLS else None
+    if has is None or cell is None or not has(cell):
+        return f"no fused kernels for {case.cell} in pararnn-core {pc.__version__}"
+    if case.device.type != "cuda" and not triton_interpret_mode():
+        return (
+            f"the fused kernels run on CUDA (or under TRITON_INTERPRET=1); device is {case.device}"
+        )
+    if case.torch_dtype == torch.float64:
+        return "the fused kernels store float32, float16 or bfloat16"
+    return None
+
+
 def _fused_sequential_available(case: Case, config: BenchConfig) -> str | None:
     if _fused_sequential() is None:
         return (
             f"pararnn_core.{FUSED_SEQUENTIAL_NAME} does not exist in pararnn-core "
             f"{pc.__version__} (the fused sequential kernels are not there yet)"
         )
-    return None
+    return _fused_available(case, config)
 
 
 def _build_fused_sequential(case: Case, inputs: CaseInputs, config: BenchConfig) -> Runner:
@@ -233,6 +249,7 @@ def _register_builtins() -> None:
             "newton_fused",
             'newton_apply with NewtonConfig(scan_backend="fused"): the fused Newton kernels',
             _newton(lambda case: "fused"),
+            _fused_available,
         )
     )
     register_method(

@@ -317,23 +317,35 @@ def gru_sequential_kernel(
     out_ptr,
     T,
     D,
+    ROWS: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """``h_t = f(h_{t-1}, u_t)`` one step at a time; the next step's inputs load during this one."""
+    """``h_t = f(h_{t-1}, u_t)`` one step at a time, ``ROWS`` steps per load: the next group's
+    inputs are in flight while this group's steps run, and each group's states are stored as
+    one tile (enough bytes in flight to reach bandwidth when ``B·D`` is large)."""
     pid_d = tl.program_id(0)
     pid_b = tl.program_id(1)
     offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
     mask_d = offs_d < D
+    rows = tl.arange(0, ROWS)
     a_z, a_r, a_c = _load_weights(w_ptr, offs_d, mask_d, D)
     h = tl.load(h0_ptr + pid_b.to(tl.int64) * D + offs_d, mask=mask_d, other=0.0)
     h = h.to(tl.float32)
     row_base = pid_b.to(tl.int64) * T
-    offs_u = row_base * (3 * D) + offs_d
-    u_z, u_r, u_c = _load_gates(u_ptr, offs_u, mask_d, D)
-    for t in range(T):
-        cur_z, cur_r, cur_c = u_z, u_r, u_c
-        u_z, u_r, u_c = _load_gates(u_ptr, offs_u + 3 * D, mask_d & (offs_d * 0 + t + 1 < T), D)
-        z, _r, c = _gru_gates(h, cur_z, cur_r, cur_c, a_z, a_r, a_c)
-        h = h + z * (c - h)
-        tl.store(out_ptr + (row_base + t) * D + offs_d, h.to(out_ptr.dtype.element_ty), mask=mask_d)
-        offs_u += 3 * D
+    n_z, n_r, n_c = _load_chunk(u_ptr, row_base, 0, T, D, offs_d, mask_d, ROWS)
+    for c0 in range(0, T, ROWS):
+        g_z, g_r, g_c = n_z, n_r, n_c
+        n_z, n_r, n_c = _load_chunk(u_ptr, row_base, c0 + ROWS, T, D, offs_d, mask_d, ROWS)
+        block = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
+        for r in tl.static_range(ROWS):
+            pick = (rows == r)[:, None]
+            u_z = tl.sum(tl.where(pick, g_z, 0.0), axis=0)
+            u_r = tl.sum(tl.where(pick, g_r, 0.0), axis=0)
+            u_c = tl.sum(tl.where(pick, g_c, 0.0), axis=0)
+            z, _r, c = _gru_gates(h, u_z, u_r, u_c, a_z, a_r, a_c)
+            h = h + z * (c - h)
+            block = tl.where(pick, h[None, :], block)
+        t = c0 + rows
+        mask = (t < T)[:, None] & mask_d[None, :]
+        offs = (row_base + t)[:, None] * D + offs_d[None, :]
+        tl.store(out_ptr + offs, block.to(out_ptr.dtype.element_ty), mask=mask)

@@ -40,6 +40,7 @@ __all__ = [
     "FusedPlan",
     "check_fused_supported",
     "choose_fused_gru_method",
+    "estimate_fused_gru_seconds",
     "fused_gru_backward",
     "fused_gru_newton",
     "fused_gru_sequential",
@@ -153,8 +154,21 @@ def _kernels() -> Any:
     return _kernels
 
 
-# Programs of the Newton kernel one multiprocessor keeps resident (register-bound).
-_RESIDENT_PER_SM: Final = 3
+# Cost-model constants, measured on an H200 in float32 with benchmarks/bench_fused.py
+# (docs/benchmarks.md has the sweep): a Newton chunk of 128 steps takes about NEWTON_CHUNK_S per
+# wave of resident programs, plus NEWTON_FIXED_S per call (launch, the stats read-back); the
+# sequential kernel takes SEQUENTIAL_STEP_S per step per wave and reaches SEQUENTIAL_BW_SHARE of
+# the copy bandwidth when B·D fills the GPU.
+NEWTON_CHUNK_S: Final = 7.0e-6
+NEWTON_FIXED_S: Final = 0.35e-3
+SEQUENTIAL_STEP_S: Final = 0.25e-6
+SEQUENTIAL_BW_SHARE: Final = 0.43
+#: The copy bandwidth of an H200 (bytes read plus written per second), for the byte floor.
+HBM_BYTES_PER_S: Final = 4.3e12
+_RESIDENT_PER_SM: Final = 4
+_SEQUENTIAL_PER_SM: Final = 8
+# Above this many channels in total (B·D) the kernels are throughput-bound: larger tiles.
+_WIDE: Final = 2**15
 
 
 def plan_fused_gru(
@@ -170,64 +184,74 @@ def plan_fused_gru(
 ) -> FusedPlan:
     """The launch shape of :func:`fused_gru_newton`; arguments override the model.
 
-    Cost model: a program walks ``ceil(T / (S · block_t))`` chunks one after the other, so with
-    ``P = B · ceil(D / block_d)`` programs and ``R`` resident per multiprocessor the time is
-    about ``passes(S) · ceil(P · S / (R · SMs)) · ceil(T / (S · block_t))`` chunk times, with
-    one pass for ``S = 1`` and two (guess, then corrected) for ``S > 1``. The plan takes the
-    ``S`` (a power of two, chunks of at least one per segment) that minimises it.
+    Tiles: 128 steps x 4 channels, 2 warps (64 x 8 when ``B·D >= 2^15``), the fastest measured.
+    Segments: a program walks its chunks one after the other, so when the ``B · ceil(D /
+    block_d)`` programs give fewer than two per multiprocessor, time is split into the
+    smallest power-of-two number of segments that does (each segment at least one chunk). A
+    segmented solve costs a second, warm-started pass, which only pays off there.
     """
-    block_t = block_t or 128
-    block_d = block_d or min(16, _next_power_of_2(channels))
+    wide = batch * channels >= _WIDE
+    block_t = block_t or (64 if wide else 128)
+    block_d = block_d or min(8 if wide else 4, _next_power_of_2(channels))
     if segments is None:
         programs = batch * math.ceil(channels / block_d)
-        slots = _RESIDENT_PER_SM * multiprocessor_count(device)
+        target = 2 * multiprocessor_count(device)
         chunks = math.ceil(steps / block_t)
-        best, segments = math.inf, 1
-        s = 1
-        while s <= chunks:
-            cost = (1 if s == 1 else 2) * math.ceil(programs * s / slots) * math.ceil(chunks / s)
-            if cost < best:
-                best, segments = cost, s
-            s *= 2
+        segments = 1
+        while programs * segments < target and 2 * segments <= chunks:
+            segments *= 2
     if segments < 1:
         raise ValueError(f"segments must be >= 1, got {segments}")
-    return FusedPlan(block_t, block_d, segments, num_warps or 4)
+    return FusedPlan(block_t, block_d, segments, num_warps or 2)
 
 
-# Cost-model constants (H200, float32; docs/benchmarks.md has the measurements behind them).
-#: Time of one sequential step of one wave of programs, and programs per multiprocessor per wave.
-SEQUENTIAL_STEP_S: Final = 0.55e-6
-_SEQUENTIAL_PER_SM: Final = 8
-#: Time of one Newton chunk of ``block_t = 128`` steps (about four cell evaluations and scans).
-NEWTON_CHUNK_S: Final = 8.0e-6
-#: Device bandwidth the byte floor uses (the measured copy bandwidth of an H200).
-HBM_BYTES_PER_S: Final = 4.3e12
-
-
-def choose_fused_gru_method(
-    batch: int, steps: int, channels: int, device: torch.device, dtype: torch.dtype
-) -> Literal["newton", "sequential"]:
-    """Fused Newton or the fused sequential kernel for a ``[B, T, D]`` GRU layer: the faster one.
-
-    Both read ``u`` once and write the states once, so both cost at least the byte floor
-    ``(3 + 1) · B·T·D · size / bandwidth``. The sequential kernel adds ``T`` steps of latency per
-    wave of programs; Newton adds the chunk time of its plan (:func:`plan_fused_gru`). The model
-    picks the smaller estimate.
-    """
+def _byte_floor_s(batch: int, steps: int, channels: int, dtype: torch.dtype) -> float:
     size = torch.empty((), dtype=dtype).element_size()
-    floor = 4 * batch * steps * channels * size / HBM_BYTES_PER_S
+    return 4 * batch * steps * channels * size / HBM_BYTES_PER_S
+
+
+def estimate_fused_gru_seconds(
+    batch: int, steps: int, channels: int, device: torch.device, dtype: torch.dtype
+) -> dict[str, float]:
+    """The cost model's forward time of each fused kernel, ``{"newton": s, "sequential": s}``."""
+    floor = _byte_floor_s(batch, steps, channels, dtype)
     sms = multiprocessor_count(device)
-    seq_programs = batch * math.ceil(channels / 32)
-    seq = max(
-        floor, steps * SEQUENTIAL_STEP_S * math.ceil(seq_programs / (_SEQUENTIAL_PER_SM * sms))
-    )
+    seq_block_d = _sequential_plan(batch, channels)[0]
+    seq_waves = math.ceil(batch * math.ceil(channels / seq_block_d) / (_SEQUENTIAL_PER_SM * sms))
+    sequential = max(floor / SEQUENTIAL_BW_SHARE, steps * SEQUENTIAL_STEP_S * seq_waves)
     plan = plan_fused_gru(batch, steps, channels, device)
     programs = batch * math.ceil(channels / plan.block_d) * plan.segments
     waves = math.ceil(programs / (_RESIDENT_PER_SM * sms))
     chunks = math.ceil(steps / (plan.segments * plan.block_t))
     passes = 1 if plan.segments == 1 else 2
-    newton = max(floor * passes, passes * waves * chunks * NEWTON_CHUNK_S * plan.block_t / 128)
-    return "newton" if newton <= seq else "sequential"
+    chunk_s = NEWTON_CHUNK_S * plan.block_t / 128
+    newton = NEWTON_FIXED_S + max(floor * passes, passes * waves * chunks * chunk_s)
+    return {"newton": newton, "sequential": sequential}
+
+
+def choose_fused_gru_method(
+    batch: int, steps: int, channels: int, device: torch.device, dtype: torch.dtype
+) -> Literal["newton", "sequential"]:
+    """Fused Newton or the fused sequential kernel for a ``[B, T, D]`` GRU layer: the faster one
+    by :func:`estimate_fused_gru_seconds`.
+
+    Both read ``u`` once and write the states once (the byte floor ``4 · B·T·D · size /
+    bandwidth``). The sequential kernel pays ``T`` steps of latency per wave of programs, or
+    its share of the bandwidth once ``B·D`` fills the GPU; Newton pays its chunk time per wave
+    plus a fixed cost per call. Measured picks (H200, fp32): sequential at ``(8, 1024, 256)`` and
+    ``(64, 4096, 1024)``, Newton at ``(8, 4096, 256)``, ``(8, 16384, 256)``, ``(1, 65536, 256)``.
+    """
+    estimate = estimate_fused_gru_seconds(batch, steps, channels, device, dtype)
+    return "newton" if estimate["newton"] <= estimate["sequential"] else "sequential"
+
+
+def _sequential_plan(batch: int, channels: int) -> tuple[int, int, int]:
+    """(block_d, rows, num_warps) of the sequential kernel, the fastest measured: 16 channels and
+    4 steps per tile while B·D is small (latency-bound), 64 channels one step at a time when
+    B·D fills the GPU (bandwidth-bound)."""
+    if batch * channels >= _WIDE:
+        return min(64, _next_power_of_2(channels)), 1, 2
+    return min(16, _next_power_of_2(channels)), 4, 1
 
 
 def _segment_guess(u: Tensor, starts_t: Tensor, channels: int, step_guess: bool) -> Tensor:
@@ -379,7 +403,7 @@ def fused_gru_backward(
     states: Tensor,
     grad_states: Tensor,
     *,
-    block_t: int = 64,
+    block_t: int | None = None,
     block_d: int | None = None,
     num_warps: int = 4,
 ) -> tuple[Tensor, Tensor, Tensor]:
@@ -402,7 +426,11 @@ def fused_gru_backward(
                 f"{name} must be [B, T, D] = [{batch}, {steps}, {channels}], "
                 f"got {tuple(tensor.shape)}"
             )
-    block_d = block_d or min(16, _next_power_of_2(channels))
+    # The fastest measured tiles: long and narrow while B·D is small (few programs walk long
+    # sequences), 128 x 8 otherwise.
+    narrow = batch * channels <= 2**10
+    block_t = block_t or (512 if narrow else 128)
+    block_d = block_d or min(4 if narrow else 8, _next_power_of_2(channels))
     n_d = math.ceil(channels / block_d)
     dev = u.device
     u = u.contiguous()
@@ -430,19 +458,25 @@ def fused_gru_backward(
 
 
 def fused_gru_sequential(
-    u: Tensor, weight: Tensor, h0: Tensor | None = None, *, block_d: int | None = None
+    u: Tensor,
+    weight: Tensor,
+    h0: Tensor | None = None,
+    *,
+    block_d: int | None = None,
+    rows: int | None = None,
+    num_warps: int | None = None,
 ) -> Tensor:
     """The GRU recurrence one step at a time in one kernel: ``u [B, T, 3D]`` -> ``[B, T, D]``.
 
-    ``block_d`` (channels per program) defaults to the largest power of two up to 128 that still
-    gives every multiprocessor a program.
+    ``block_d`` channels per program and ``rows`` steps per loaded and stored tile; the defaults
+    are the fastest measured (16 x 4 while ``B·D < 2^15``, 64 x 1 above).
     """
     batch, steps, channels = _check_layer(u, weight, h0)
     dev = u.device
-    if block_d is None:
-        block_d = min(128, _next_power_of_2(channels))
-        while block_d > 16 and batch * math.ceil(channels / block_d) < multiprocessor_count(dev):
-            block_d //= 2
+    auto_d, auto_rows, auto_warps = _sequential_plan(batch, channels)
+    block_d = block_d or auto_d
+    rows = rows or auto_rows
+    num_warps = num_warps or auto_warps
     h0_t = torch.zeros(batch, channels, device=dev, dtype=u.dtype) if h0 is None else h0
     out = torch.empty(batch, steps, channels, device=dev, dtype=u.dtype)
     torch.library.wrap_triton(_kernels().gru_sequential_kernel)[
@@ -454,8 +488,9 @@ def fused_gru_sequential(
         out,
         steps,
         channels,
+        ROWS=rows,
         BLOCK_D=block_d,
-        num_warps=max(1, min(4, block_d // 32)),
+        num_warps=num_warps,
     )
     return out
 
