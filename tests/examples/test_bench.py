@@ -310,6 +310,14 @@ def test_cli_run_writes_the_files(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert (out / CSV_NAME).exists() and (out / JSON_NAME).exists()
     text = capsys.readouterr().out
     assert "| ParaLSTM | fp32 |" in text and "0 errors, 0 outside tolerance" in text
+    # Each record was saved as it was measured, and printed as a line without the bar.
+    saved = [json.loads(line) for line in (out / "bench.records.jsonl").read_text().splitlines()]
+    final = json.loads((out / JSON_NAME).read_text())["records"]
+    assert len(saved) == len(final) == 8  # 2 methods x 2 scopes x 2 directions
+    assert [(r["method"], r["scope"], r["direction"]) for r in saved] == [
+        (r["method"], r["scope"], r["direction"]) for r in final
+    ]
+    assert text.count("ParaLSTM  ") >= len(saved)
 
 
 def test_module_entry_point_runs(

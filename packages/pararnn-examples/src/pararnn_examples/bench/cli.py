@@ -6,7 +6,8 @@ and reports medians, speed-ups between the methods of the run, the HBM floor (by
 the inputs and one write of the outputs, over the copy bandwidth measured at the start of the
 run) and CUDA peak memory. Scopes: "recurrence" times u [B, T, d_u] -> states (the floor's work,
 projection excluded); "layer" times x [B, T, d] -> states with the input projection, as users call
-it (the only scope with cuDNN). Writes DIR/bench.csv, DIR/bench.json, DIR/bench_time_vs_T.png
+it (the only scope with cuDNN). Writes DIR/bench.records.jsonl as records are measured (a run cut
+short keeps what it measured), then DIR/bench.csv, DIR/bench.json, DIR/bench_time_vs_T.png
 and prints a markdown table. Exit status 1 when a case raised an error or a forward output is
 outside its tolerance (the files are written first).
 
@@ -20,6 +21,8 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,7 +40,7 @@ from .cases import (
     grid_shapes,
     parse_shape,
 )
-from .harness import BenchResult, run_bench
+from .harness import BenchRecord, BenchResult, progress_line, run_bench
 from .registry import get_method, method_names
 from .report import format_table, write_results
 
@@ -318,7 +321,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = config_from_args(args)
     except ValueError as err:
         parser.error(str(err))
-    result = run_bench(config, progress=not args.no_progress)
+    args.out.mkdir(parents=True, exist_ok=True)
+    partial = args.out / "bench.records.jsonl"
+    with partial.open("w") as log:
+
+        def save(record: BenchRecord) -> None:
+            log.write(json.dumps(dataclasses.asdict(record), default=str) + "\n")
+            log.flush()
+            if args.no_progress:  # no bar: still one line per record, as it is measured
+                print(progress_line(record), flush=True)
+
+        result = run_bench(config, progress=not args.no_progress, on_record=save)
     written = write_results(result, args.out, plot=not args.no_plot)
     print()
     print(format_table(result))

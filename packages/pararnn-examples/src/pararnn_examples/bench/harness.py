@@ -404,7 +404,8 @@ class _Progress:
             self._bar.close()
 
 
-def _progress_line(record: BenchRecord) -> str:
+def progress_line(record: BenchRecord) -> str:
+    """One readable line for a record (the progress output)."""
     head = (
         f"{record.cell:9s} {record.scope:10s} {record.dtype} "
         f"B={record.batch} T={record.steps} d={record.width} {record.method:16s} "
@@ -424,12 +425,19 @@ def _cases(config: BenchConfig) -> Iterator[tuple[str, Shape, str]]:
                 yield dtype, shape, cell
 
 
-def run_bench(config: BenchConfig, *, progress: bool = True) -> BenchResult:
+def run_bench(
+    config: BenchConfig,
+    *,
+    progress: bool = True,
+    on_record: Callable[[BenchRecord], None] | None = None,
+) -> BenchResult:
     """Time every case of ``config`` (module docstring) and return the records.
 
     Args:
         config: what to run.
         progress: show a progress bar (tqdm, when it imports) and one line per record.
+        on_record: called with each record as soon as it exists (before speed-ups are filled
+            in), e.g. to save it, so a run that is killed half-way loses nothing it measured.
 
     Returns:
         The :class:`BenchResult`: two records (``fwd``, ``fwd_bwd``) per cell, shape, dtype,
@@ -467,7 +475,9 @@ def run_bench(config: BenchConfig, *, progress: bool = True) -> BenchResult:
                     done = _run_method(method, case, inputs, config, references, bandwidth, flush)
                     for record in done:
                         records.append(record)
-                        bar.write(_progress_line(record))
+                        bar.write(progress_line(record))
+                        if on_record is not None:
+                            on_record(record)
                     if any(r.status != "ok" for r in done):
                         # The exception's frames held the failed call's tensors until now.
                         _release(device)
