@@ -86,6 +86,17 @@ def test_fused_nan_is_never_silent():
         )
 
 
+@needs_interpreter
+def test_fused_sequential_pick_is_never_a_silent_nan():
+    """What "auto" runs when its cost model picks the sequential kernel: NaN raises too."""
+    cell = pc.ParaGRU(3, 4)
+    u = cell.project(torch.randn(2, 10, 3)).detach()
+    u[1, 4, 0] = float("nan")
+    h0 = torch.zeros(2, 4)
+    with pytest.raises(pc.NewtonDivergenceError, match="fused sequential recurrence"):
+        pc.fused.fused_newton_apply(cell, u, h0, pc.NewtonConfig(), "fused_sequential")
+
+
 def test_fused_refuses_cells_without_kernels_and_says_what_to_use():
     assert pc.has_fused_kernels(pc.ParaGRU(3, 4))
     assert not pc.has_fused_kernels(pc.ParaLSTM(3, 4))

@@ -4,7 +4,9 @@
 time solved on-chip from the exact state, DESIGN §4) and its eq. 2.6 backward as one fused reverse
 pass; ``"auto"`` does the same on CUDA when the cell has fused kernels, or runs the fused
 *sequential* kernel where the cost model says one step at a time is faster. The choice is in
-:attr:`NewtonStats.backend`: ``"fused"`` or ``"fused_sequential"``.
+:attr:`NewtonStats.backend`: ``"fused"`` or ``"fused_sequential"`` (then ``iters = 0`` and the
+residual is recorded as 0: the states are the recurrence itself; non-finite states raise
+:class:`~pararnn_core.NewtonDivergenceError`).
 
 Cells with fused kernels: :class:`~pararnn_core.ParaGRU`. Other cells keep the unfused path
 (``"auto"``) or raise a clear error (``"fused"``).
@@ -111,6 +113,16 @@ class _FusedLayerFunction(torch.autograd.Function):
     ) -> Tensor:
         if method == "fused_sequential":
             states = fused_gru_sequential(u, weight, h0)
+            # A non-finite value carries forward in time, so the last state shows any of them
+            # (one small read and one host sync, as the Newton path's residual check).
+            if not bool(torch.isfinite(states[:, -1]).all()):
+                raise NewtonDivergenceError(
+                    (math.inf,),
+                    config.divergence_threshold,
+                    f" in a {type(cell).__name__} layer (B={u.shape[0]}, T={u.shape[1]}): the "
+                    "fused sequential recurrence (picked by scan_backend='auto') produced "
+                    "non-finite states",
+                )
             stats = NewtonStats(0, 0.0, (0.0,), "fused_sequential", True)
         else:
             states, stats = _solve(cell, config, u, h0, weight)
