@@ -157,11 +157,10 @@ def test_auto_on_cpu_keeps_the_unfused_path(cls):
 @pytest.mark.parametrize("cls", CELLS)
 @pytest.mark.parametrize("steps", [17, 4096])
 @pytest.mark.parametrize("backend", ["fused", "auto"])
-def test_fused_on_gpu(cls, backend, steps, assert_rel_close):
+def test_fused_on_gpu(cls, backend, steps, make_state, assert_rel_close):
     cell = cls(256, 256, device="cuda")
     x = torch.randn(8, steps, 256, device="cuda")
-    h0 = cell.initial_state(8, device=x.device, dtype=x.dtype)
-    h0 = h0 + 0.3 * torch.randn_like(h0)
+    h0 = make_state(cell, 8, F32).cuda()
     seen = []
 
     def run(c, a, b):
