@@ -2,7 +2,8 @@
 
 On the CPU the fused kernels run in the Triton interpreter (small sizes); ``cuda`` tests run them
 compiled. References: the float64 sequential recurrence and its BPTT gradients (autograd through
-the step loop). float32 tolerance: 1e-5 relative to each tensor's largest reference value.
+the step loop). float32 tolerance: 1e-5 relative to each tensor's largest reference value, per
+state component for the block cells (the sLSTM's log-normaliser is larger than its ĉ and h).
 """
 
 from __future__ import annotations
@@ -13,10 +14,13 @@ import pytest
 import torch
 
 import pararnn_core as pc
+from pararnn_core.cells import EMPTY_LOG_NORMALISER
 from pararnn_kernels.dispatch import triton_interpret_mode
+from pararnn_kernels.fused import SLSTM_EMPTY_LOG_NORMALISER
 
 F32, F64 = torch.float32, torch.float64
 FUSED = pc.NewtonConfig(scan_backend="fused")
+CELLS = [pc.ParaGRU, pc.ParaLSTM, pc.ParaSLSTM]
 needs_interpreter = pytest.mark.skipif(
     not triton_interpret_mode(), reason="the fused kernels on CPU need TRITON_INTERPRET=1"
 )
@@ -25,31 +29,44 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 def _grads(cell, x, h0, weight, run):
     x = x.detach().clone().requires_grad_()
-    h0 = h0.detach().clone().requires_grad_()
+    leaves = [x]
+    if h0 is not None:
+        h0 = h0.detach().clone().requires_grad_()
+        leaves.append(h0)
     states = run(cell, x, h0)
     params = [p for _, p in cell.named_parameters()]
-    grads = torch.autograd.grad((states * weight).sum(), [x, h0, *params])
+    grads = torch.autograd.grad((states * weight).sum(), [*leaves, *params])
     return states.detach(), grads
 
 
 def _check_fused_layer(cell32, x, h0, run, assert_rel_close, label):
     cell64 = copy.deepcopy(cell32).to(F64)
-    weight = torch.randn(x.shape[0], x.shape[1], cell32.d_h, device=x.device)
-    ref_states, ref_grads = _grads(
-        cell64, x.double(), h0.double(), weight.double(), pc.sequential_apply
-    )
+    weight = torch.randn(x.shape[0], x.shape[1], *cell32.state_shape, device=x.device)
+    h0_64 = h0.double() if h0 is not None else None
+    ref_states, ref_grads = _grads(cell64, x.double(), h0_64, weight.double(), pc.sequential_apply)
     states, grads = _grads(cell32, x, h0, weight, run)
-    assert states.dtype == F32
-    assert_rel_close(states, ref_states, rel=1e-5, what=f"{label} states")
-    names = ["x", "h0", *(n for n, _ in cell32.named_parameters())]
+    assert states.dtype == F32 and states.shape == ref_states.shape
+    names = ["x", *(["h0"] if h0 is not None else []), *(n for n, _ in cell32.named_parameters())]
     for name, g, ref in zip(names, grads, ref_grads, strict=True):
-        assert_rel_close(g, ref, rel=1e-5, what=f"{label} grad {name}")
+        if name == "h0" and g.dim() == 3:
+            for j in range(g.shape[-1]):
+                assert_rel_close(g[..., j], ref[..., j], rel=1e-5, what=f"{label} grad h0[{j}]")
+        else:
+            assert_rel_close(g, ref, rel=1e-5, what=f"{label} grad {name}")
+    if states.dim() == 4:
+        for j in range(states.shape[-1]):
+            assert_rel_close(
+                states[..., j], ref_states[..., j], rel=1e-5, what=f"{label} states[{j}]"
+            )
+    else:
+        assert_rel_close(states, ref_states, rel=1e-5, what=f"{label} states")
 
 
 @needs_interpreter
+@pytest.mark.parametrize("cls", CELLS)
 @pytest.mark.parametrize("steps", [1, 17, 63])
-def test_fused_newton_equals_sequential_and_bptt(steps, make_state, assert_rel_close):
-    cell = pc.ParaGRU(3, 5)
+def test_fused_newton_equals_sequential_and_bptt(cls, steps, make_state, assert_rel_close):
+    cell = cls(3, 5)
     x = torch.randn(2, steps, 3)
     h0 = make_state(cell, 2, F32)
     stats_seen = []
@@ -59,23 +76,39 @@ def test_fused_newton_equals_sequential_and_bptt(steps, make_state, assert_rel_c
         stats_seen.append(stats)
         return states
 
-    _check_fused_layer(cell, x, h0, run, assert_rel_close, f"fused T={steps}")
+    _check_fused_layer(cell, x, h0, run, assert_rel_close, f"{cls.__name__} fused T={steps}")
     stats = stats_seen[0]
     assert stats.backend == "fused" and stats.converged
     assert stats.max_residual <= 1e-6 and len(stats.residuals) == stats.iters + 1
 
 
 @needs_interpreter
-def test_fused_sequential_apply_equals_sequential_and_bptt(make_state, assert_rel_close):
-    cell = pc.ParaGRU(3, 5)
-    x = torch.randn(2, 17, 3)
-    h0 = make_state(cell, 2, F32)
-    _check_fused_layer(cell, x, h0, pc.fused_sequential_apply, assert_rel_close, "fused seq")
+@pytest.mark.parametrize("cls", [pc.ParaLSTM, pc.ParaSLSTM])
+def test_fused_newton_from_the_empty_state(cls, assert_rel_close):
+    # h0=None: the cell's empty state (for the sLSTM ℓ = EMPTY_LOG_NORMALISER, not zeros).
+    cell = cls(3, 5)
+    x = torch.randn(2, 40, 3)
+
+    def run(c, a, b):
+        return pc.newton_apply(c, a, b, config=FUSED)[0]
+
+    _check_fused_layer(cell, x, None, run, assert_rel_close, f"{cls.__name__} empty h0")
 
 
 @needs_interpreter
-def test_fused_nan_is_never_silent():
-    cell = pc.ParaGRU(3, 4)
+@pytest.mark.parametrize("cls", CELLS)
+def test_fused_sequential_apply_equals_sequential_and_bptt(cls, make_state, assert_rel_close):
+    cell = cls(3, 5)
+    x = torch.randn(2, 17, 3)
+    h0 = make_state(cell, 2, F32)
+    label = f"{cls.__name__} fused seq"
+    _check_fused_layer(cell, x, h0, pc.fused_sequential_apply, assert_rel_close, label)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("cls", CELLS)
+def test_fused_nan_is_never_silent(cls):
+    cell = cls(3, 4)
     x = torch.randn(2, 10, 3)
     x[1, 4, 0] = float("nan")
     with pytest.raises(pc.NewtonDivergenceError, match="inf"):
@@ -97,34 +130,48 @@ def test_fused_sequential_pick_is_never_a_silent_nan():
         pc.fused.fused_newton_apply(cell, u, h0, pc.NewtonConfig(), "fused_sequential")
 
 
+class _SubclassedGRU(pc.ParaGRU):
+    """A subclass may change the step, so it does not inherit the fused kernels."""
+
+
 def test_fused_refuses_cells_without_kernels_and_says_what_to_use():
-    assert pc.has_fused_kernels(pc.ParaGRU(3, 4))
-    assert not pc.has_fused_kernels(pc.ParaLSTM(3, 4))
-    with pytest.raises(ValueError, match="ParaGRU only; got a ParaLSTM: use scan_backend='auto'"):
-        pc.newton_apply(pc.ParaLSTM(3, 4), torch.randn(2, 8, 3), config=FUSED)
-    with pytest.raises(ValueError, match="use sequential_apply"):
-        pc.fused_sequential_apply(pc.ParaSLSTM(3, 4), torch.randn(2, 8, 3))
+    for cls in CELLS:
+        assert pc.has_fused_kernels(cls(3, 4))
+    assert not pc.has_fused_kernels(_SubclassedGRU(3, 4))
+    served = r"ParaGRU, ParaLSTM and ParaSLSTM\(mix='diag'\)"
+    with pytest.raises(
+        ValueError, match=served + "; got a _SubclassedGRU: use scan_backend='auto'"
+    ):
+        pc.newton_apply(_SubclassedGRU(3, 4), torch.randn(2, 8, 3), config=FUSED)
+    with pytest.raises(ValueError, match=served + "; got a _SubclassedGRU: use sequential_apply"):
+        pc.fused_sequential_apply(_SubclassedGRU(3, 4), torch.randn(2, 8, 3))
+
+
+def test_kernels_and_cell_agree_on_the_empty_log_normaliser():
+    assert SLSTM_EMPTY_LOG_NORMALISER == EMPTY_LOG_NORMALISER
 
 
 def test_fused_refuses_float64_naming_the_dtype():
-    cell = pc.ParaGRU(3, 4, dtype=F64)
+    cell = pc.ParaLSTM(3, 4, dtype=F64)
     with pytest.raises(ValueError, match=r"got u of torch\.float64"):
         pc.newton_apply(cell, torch.randn(2, 8, 3, dtype=F64), config=FUSED)
 
 
-def test_auto_on_cpu_keeps_the_unfused_path():
-    _states, stats = pc.newton_apply(pc.ParaGRU(3, 4), torch.randn(2, 8, 3))
+@pytest.mark.parametrize("cls", CELLS)
+def test_auto_on_cpu_keeps_the_unfused_path(cls):
+    _states, stats = pc.newton_apply(cls(3, 4), torch.randn(2, 8, 3))
     assert stats.backend in ("eager", "triton")
 
 
 @pytest.mark.cuda
 @needs_cuda
+@pytest.mark.parametrize("cls", CELLS)
 @pytest.mark.parametrize("steps", [17, 4096])
 @pytest.mark.parametrize("backend", ["fused", "auto"])
-def test_fused_on_gpu(backend, steps, assert_rel_close):
-    cell = pc.ParaGRU(256, 256, device="cuda")
+def test_fused_on_gpu(cls, backend, steps, make_state, assert_rel_close):
+    cell = cls(256, 256, device="cuda")
     x = torch.randn(8, steps, 256, device="cuda")
-    h0 = 0.3 * torch.randn(8, 256, device="cuda")
+    h0 = make_state(cell, 8, F32).cuda()
     seen = []
 
     def run(c, a, b):
@@ -132,14 +179,16 @@ def test_fused_on_gpu(backend, steps, assert_rel_close):
         seen.append(stats)
         return states
 
-    _check_fused_layer(cell, x, h0, run, assert_rel_close, f"cuda {backend} T={steps}")
+    label = f"cuda {cls.__name__} {backend} T={steps}"
+    _check_fused_layer(cell, x, h0, run, assert_rel_close, label)
     assert seen[0].backend in (("fused",) if backend == "fused" else ("fused", "fused_sequential"))
 
 
 @pytest.mark.cuda
 @needs_cuda
-def test_eval_mode_uses_the_fused_sequential_kernel(assert_rel_close):
-    model = pc.ParaRNN(pc.ParaGRU(64, 128)).cuda()
+@pytest.mark.parametrize("cls", CELLS)
+def test_eval_mode_uses_the_fused_sequential_kernel(cls, assert_rel_close):
+    model = pc.ParaRNN(cls(64, 128)).cuda()
     x = torch.randn(4, 300, 64, device="cuda")
     model.eval()
     cell = model.cells[0]

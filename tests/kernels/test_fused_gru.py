@@ -130,7 +130,7 @@ def test_fused_gru_bad_input_names_the_argument():
 
 def test_plan_and_cost_model_are_sane(monkeypatch):
     # An H200's 132 multiprocessors, so the picks are the ones measured in docs/benchmarks.md.
-    monkeypatch.setattr("pararnn_kernels.fused.gru.multiprocessor_count", lambda device: 132)
+    monkeypatch.setattr("pararnn_kernels.fused._layer.multiprocessor_count", lambda device: 132)
     cpu = torch.device("cpu")
     assert plan_fused_gru(64, 4096, 1024, cpu).segments == 1  # many programs: no segments
     assert plan_fused_gru(1, 65536, 256, cpu).segments == 8  # few programs: split time

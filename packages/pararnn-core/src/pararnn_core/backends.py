@@ -63,9 +63,9 @@ BUILTIN_SCAN_BACKENDS: Final[tuple[str, ...]] = ("auto", "triton", "eager")
 _PENDING: Final[dict[str, str]] = {
     "fused": (
         "scan_backend='fused' selects the fused whole-layer kernels (pararnn_core.fused), which "
-        "newton_apply runs for cells that have them (ParaGRU); it is not a per-scan backend, so "
-        "newton_solve and the scan registry cannot run it: use newton_apply, or 'auto', "
-        "'triton' or 'eager' here"
+        "newton_apply runs for cells that have them (ParaGRU, ParaLSTM, ParaSLSTM); it is not "
+        "a per-scan backend, so newton_solve and the scan registry cannot run it: use "
+        "newton_apply, or 'auto', 'triton' or 'eager' here"
     ),
 }
 #: Names other packages provide: name -> distribution to install.

@@ -33,9 +33,10 @@ class NewtonConfig:
         scan_backend: ``"auto"`` (on CUDA, the fused layer kernels for cells that have them,
             fused Newton or the fused sequential kernel by a cost model; the Triton scans
             otherwise), ``"triton"``, ``"eager"``, ``"fused"`` (the fused Newton kernels:
-            :mod:`pararnn_core.fused`; ParaGRU only), or a name registered through
-            :func:`~pararnn_core.register_scan_backend` or the entry-point group
-            ``pararnn.scan_backends``. An unknown name raises ValueError listing the known ones.
+            :mod:`pararnn_core.fused`; ParaGRU, ParaLSTM and ParaSLSTM(mix='diag')), or a
+            name registered through :func:`~pararnn_core.register_scan_backend` or the
+            entry-point group ``pararnn.scan_backends``. An unknown name raises ValueError
+            listing the known ones.
         divergence_threshold: the solve diverged if any iteration's max residual exceeds this
             (or is not finite).
         on_divergence: ``"raise"`` (:class:`NewtonDivergenceError`) or ``"sequential"``

@@ -8,13 +8,24 @@ pass; ``"auto"`` does the same on CUDA when the cell has fused kernels, or runs 
 residual is recorded as 0: the states are the recurrence itself; non-finite states raise
 :class:`~pararnn_core.NewtonDivergenceError`).
 
-Cells with fused kernels: :class:`~pararnn_core.ParaGRU`. Other cells keep the unfused path
-(``"auto"``) or raise a clear error (``"fused"``).
+Cells with fused kernels (exactly these types, not subclasses, which may change the step):
+:class:`~pararnn_core.ParaGRU` (diagonal), :class:`~pararnn_core.ParaLSTM` (2x2 blocks) and
+:class:`~pararnn_core.ParaSLSTM` with ``mix="diag"`` (3x3 blocks). Other cells keep the unfused
+path (``"auto"``) or raise a clear error (``"fused"``).
+
+``"auto"``'s cost model is per cell (``pararnn_kernels.fused.choose_fused_{gru,lstm,slstm}_method``):
+both fused paths cost at least the byte floor ``(G + k) · B·T·d · size / bandwidth`` (G gate
+blocks read, k state components written); the sequential kernel adds ``T`` steps of 0.55 µs per
+wave of programs (measured on the GRU, H200) times the cell's sequential work factor (GRU 1,
+LSTM 1.25, sLSTM 1.5), Newton adds its chunks at 8 µs per 128 steps times the cell's Newton work
+factor (GRU 1, LSTM 2.5, sLSTM 5; the block factors are estimates from operation counts).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
@@ -22,16 +33,27 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from pararnn_kernels.fused import (
+    FusedNewtonResult,
     check_fused_supported,
     choose_fused_gru_method,
+    choose_fused_lstm_method,
+    choose_fused_slstm_method,
     fused_gru_backward,
     fused_gru_newton,
     fused_gru_sequential,
+    fused_lstm_backward,
+    fused_lstm_newton,
+    fused_lstm_sequential,
+    fused_slstm_backward,
+    fused_slstm_newton,
+    fused_slstm_sequential,
 )
 
 from ._validation import check_cell, check_sequence, check_state, float_eps
 from .cells.base import ParaCell
 from .cells.gru import ParaGRU
+from .cells.lstm import ParaLSTM
+from .cells.slstm import ParaSLSTM
 from .config import NewtonConfig, NewtonDivergenceError, NewtonStats
 
 __all__ = [
@@ -45,10 +67,73 @@ __all__ = [
 
 FusedMethod = Literal["fused", "fused_sequential"]
 
+#: The cells the fused kernels serve, as the error messages name them.
+_SERVED = "ParaGRU, ParaLSTM and ParaSLSTM(mix='diag')"
+
+
+@dataclass(frozen=True)
+class _CellKernels:
+    """One cell's fused kernels, called with its recurrent parameters in ``params`` order.
+
+    ``newton(u, *params, h0, **settings)``, ``backward(u, *params, h0, states, grad_states)``
+    (returns ``grad_u, grad_h0, *grad_params``), ``sequential(u, *params, h0)`` and the cost
+    model ``choose(B, T, d_h, device, dtype)``.
+    """
+
+    params: tuple[str, ...]
+    newton: Callable[..., FusedNewtonResult]
+    backward: Callable[..., tuple[Tensor, ...]]
+    sequential: Callable[..., Tensor]
+    choose: Callable[[int, int, int, torch.device, torch.dtype], Literal["newton", "sequential"]]
+
+
+_GRU_KERNELS = _CellKernels(
+    ("recurrent_weight",),
+    fused_gru_newton,
+    fused_gru_backward,
+    fused_gru_sequential,
+    choose_fused_gru_method,
+)
+_LSTM_KERNELS = _CellKernels(
+    ("recurrent_weight", "peephole_weight"),
+    fused_lstm_newton,
+    fused_lstm_backward,
+    fused_lstm_sequential,
+    choose_fused_lstm_method,
+)
+_SLSTM_KERNELS = _CellKernels(
+    ("recurrent_weight",),
+    fused_slstm_newton,
+    fused_slstm_backward,
+    fused_slstm_sequential,
+    choose_fused_slstm_method,
+)
+
+
+def _kernels_for(cell: ParaCell) -> _CellKernels | None:
+    kind = type(cell)
+    if kind is ParaGRU:
+        return _GRU_KERNELS
+    if kind is ParaLSTM:
+        return _LSTM_KERNELS
+    if kind is ParaSLSTM and getattr(cell, "mix", None) == "diag":
+        return _SLSTM_KERNELS
+    return None
+
 
 def has_fused_kernels(cell: ParaCell) -> bool:
-    """Whether ``cell`` has fused layer kernels (exactly the built-in :class:`ParaGRU`)."""
-    return type(cell) is ParaGRU
+    """Whether ``cell`` has fused layer kernels: exactly the built-in :class:`ParaGRU`,
+    :class:`ParaLSTM` or :class:`ParaSLSTM` with ``mix="diag"`` (not subclasses)."""
+    return _kernels_for(cell) is not None
+
+
+def _require_kernels(cell: ParaCell, what: str, instead: str) -> _CellKernels:
+    kernels = _kernels_for(cell)
+    if kernels is None:
+        raise ValueError(
+            f"{what} has kernels for {_SERVED}; got a {type(cell).__name__}: use {instead}"
+        )
+    return kernels
 
 
 def fused_kernels_apply(cell: ParaCell, u: Tensor) -> bool:
@@ -65,54 +150,55 @@ def fused_kernels_apply(cell: ParaCell, u: Tensor) -> bool:
 def fused_method(cell: ParaCell, u: Tensor, config: NewtonConfig) -> FusedMethod | None:
     """Which fused path ``config.scan_backend`` selects for ``cell`` on ``u [B, T, d_u]``.
 
-    ``"fused"`` always gives the fused Newton kernel (or raises); ``"auto"`` gives the cost
-    model's pick on CUDA for cells with fused kernels and None otherwise (the unfused path);
-    every other name gives None.
+    ``"fused"`` always gives the fused Newton kernel (or raises); ``"auto"`` gives the cell's
+    cost-model pick (module docstring) on CUDA for cells with fused kernels and None otherwise
+    (the unfused path); every other name gives None.
 
     Raises:
         ValueError: ``"fused"`` for a cell without fused kernels, or a device or dtype the
             kernels cannot serve (the message says which).
     """
     if config.scan_backend == "fused":
-        if not has_fused_kernels(cell):
-            raise ValueError(
-                "scan_backend='fused' has kernels for ParaGRU only; got a "
-                f"{type(cell).__name__}: use scan_backend='auto' (the unfused Newton path)"
-            )
+        _require_kernels(
+            cell, "scan_backend='fused'", "scan_backend='auto' (the unfused Newton path)"
+        )
         check_fused_supported(u)
         return "fused"
     if config.scan_backend == "auto" and fused_kernels_apply(cell, u):
-        batch, steps, width = u.shape
-        choice = choose_fused_gru_method(batch, steps, width // 3, u.device, u.dtype)
+        kernels = _kernels_for(cell)
+        assert kernels is not None  # fused_kernels_apply checked it
+        choice = kernels.choose(u.shape[0], u.shape[1], cell.d_h, u.device, u.dtype)
         return "fused" if choice == "newton" else "fused_sequential"
     return None
 
 
-def _weight(cell: ParaCell) -> Tensor:
-    weight: Tensor = cell.get_parameter("recurrent_weight")
-    return weight
+def _parameters(cell: ParaCell, kernels: _CellKernels) -> tuple[Tensor, ...]:
+    return tuple(cell.get_parameter(name) for name in kernels.params)
 
 
 class _FusedLayerFunction(torch.autograd.Function):
-    """``states = layer(u, h0; weight)`` by a fused kernel, backward by the fused eq. 2.6 pass.
+    """``states = layer(u, h0; params)`` by a fused kernel, backward by the fused eq. 2.6 pass.
 
-    The recurrent weight is an explicit input (DDP/FSDP hooks see it as for a Linear); the input
-    projection's parameters get their gradients through ``u`` by ordinary autograd.
+    Every recurrent parameter the step uses (GRU and sLSTM: ``recurrent_weight``; LSTM:
+    ``recurrent_weight`` and ``peephole_weight``) is an explicit input, so DDP/FSDP hooks see them
+    as for a Linear; the input projection's parameters get their gradients through ``u`` by
+    ordinary autograd.
     """
 
     @staticmethod
     def forward(
         ctx: Any,
         cell: ParaCell,
+        kernels: _CellKernels,
         config: NewtonConfig,
         method: FusedMethod,
         stats_out: list[NewtonStats],
         u: Tensor,
         h0: Tensor,
-        weight: Tensor,
+        *params: Tensor,
     ) -> Tensor:
         if method == "fused_sequential":
-            states = fused_gru_sequential(u, weight, h0)
+            states = kernels.sequential(u, *params, h0)
             # A non-finite value carries forward in time, so the last state shows any of them
             # (one small read and one host sync, as the Newton path's residual check).
             if not bool(torch.isfinite(states[:, -1]).all()):
@@ -125,34 +211,42 @@ class _FusedLayerFunction(torch.autograd.Function):
                 )
             stats = NewtonStats(0, 0.0, (0.0,), "fused_sequential", True)
         else:
-            states, stats = _solve(cell, config, u, h0, weight)
+            states, stats = _solve(cell, kernels, config, u, h0, params)
         stats_out.append(stats)
-        ctx.save_for_backward(u, h0, states, weight)
+        ctx.kernels = kernels
+        ctx.save_for_backward(u, h0, states, *params)
         return states
 
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad_states: Tensor) -> tuple[Tensor | None, ...]:
-        u, h0, states, weight = ctx.saved_tensors
-        grad_u, grad_h0, grad_weight = fused_gru_backward(u, weight, h0, states, grad_states)
+        u, h0, states, *params = ctx.saved_tensors
+        kernels: _CellKernels = ctx.kernels
+        grad_u, grad_h0, *grad_params = kernels.backward(u, *params, h0, states, grad_states)
         needs = ctx.needs_input_grad
         return (
             None,
             None,
             None,
             None,
-            grad_u if needs[4] else None,
-            grad_h0 if needs[5] else None,
-            grad_weight if needs[6] else None,
+            None,
+            grad_u if needs[5] else None,
+            grad_h0 if needs[6] else None,
+            *(g if need else None for g, need in zip(grad_params, needs[7:], strict=True)),
         )
 
 
 def _solve(
-    cell: ParaCell, config: NewtonConfig, u: Tensor, h0: Tensor, weight: Tensor
+    cell: ParaCell,
+    kernels: _CellKernels,
+    config: NewtonConfig,
+    u: Tensor,
+    h0: Tensor,
+    params: tuple[Tensor, ...],
 ) -> tuple[Tensor, NewtonStats]:
-    result = fused_gru_newton(
+    result = kernels.newton(
         u,
-        weight,
+        *params,
         h0,
         max_iters=config.max_iters,
         tol=config.tol,
@@ -172,7 +266,7 @@ def _solve(
     )
     if config.on_divergence == "raise":
         raise NewtonDivergenceError(history, threshold, where)
-    states = fused_gru_sequential(u, weight, h0)
+    states = kernels.sequential(u, *params, h0)
     if not bool(torch.isfinite(states).all()):
         raise NewtonDivergenceError(
             history, threshold, where + "; the sequential recomputation is not finite either"
@@ -183,14 +277,20 @@ def _solve(
 def fused_newton_apply(
     cell: ParaCell, u: Tensor, h0: Tensor, config: NewtonConfig, method: FusedMethod
 ) -> tuple[Tensor, NewtonStats]:
-    """Run a layer on projected inputs ``u [B, T, d_u]`` from ``h0 [B, d_h]`` by ``method``.
+    """Run a layer on projected inputs ``u [B, T, d_u]`` from ``h0 [B, *S]`` by ``method``.
 
     Called by :func:`~pararnn_core.newton_apply` when :func:`fused_method` picks a fused path;
-    differentiable in ``u``, ``h0`` and the recurrent weight.
+    differentiable in ``u``, ``h0`` and every recurrent parameter of the cell.
+
+    Raises:
+        ValueError: the cell has no fused kernels.
     """
+    kernels = _require_kernels(
+        cell, "the fused layer path", "newton_apply with scan_backend='auto'"
+    )
     stats_out: list[NewtonStats] = []
     states: Tensor = _FusedLayerFunction.apply(
-        cell, config, method, stats_out, u, h0, _weight(cell)
+        cell, kernels, config, method, stats_out, u, h0, *_parameters(cell, kernels)
     )
     return states, stats_out[0]
 
@@ -204,20 +304,17 @@ def fused_sequential_apply(cell: ParaCell, x: Tensor, h0: Tensor | None = None) 
     Args:
         cell: a cell with fused kernels (:func:`has_fused_kernels`).
         x: ``[B, T, d_in]`` inputs on CUDA (or CPU under ``TRITON_INTERPRET=1``).
-        h0: ``[B, d_h]`` initial state, or None for zeros.
+        h0: ``[B, *S]`` initial state (``[B, d_h]`` for ParaGRU, ``[B, d_h, k]`` for the block
+            cells), or None for the cell's empty state.
 
     Returns:
-        ``states [B, T, d_h]``, as :func:`~pararnn_core.sequential_apply` returns them.
+        ``states [B, T, *S]``, as :func:`~pararnn_core.sequential_apply` returns them.
 
     Raises:
         ValueError: the cell has no fused kernels, or the device/dtype cannot run them.
     """
     cell = check_cell(cell)
-    if not has_fused_kernels(cell):
-        raise ValueError(
-            f"fused_sequential_apply has kernels for ParaGRU only; got a {type(cell).__name__}: "
-            "use sequential_apply"
-        )
+    _require_kernels(cell, "fused_sequential_apply", "sequential_apply")
     x = check_sequence(cell, x)
     h0_t = check_state(cell, h0, x.shape[0], x)
     u = cell.project(x)

@@ -22,6 +22,9 @@ float32 whatever the storage dtype.
   weight gradient (summed by the launcher in a fixed order: no atomics, bit-reproducible).
 * ``gru_sequential_kernel`` -- grid ``(cdiv(D, BLOCK_D), B)``: the recurrence step by step, the
   baseline and the inference path.
+
+The small helpers after the GRU kernels (residual size, row pick, one-row shift) are shared with
+the block-cell kernels (``_kernels_lstm``, ``_kernels_slstm``).
 """
 
 import triton
@@ -349,3 +352,45 @@ def gru_sequential_kernel(
         mask = (t < T)[:, None] & mask_d[None, :]
         offs = (row_base + t)[:, None] * D + offs_d[None, :]
         tl.store(out_ptr + offs, block.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+# -- helpers shared with the block-cell kernels -------------------------------------------------
+
+
+@triton.jit
+def _residual_size(residual):
+    # NaN counts as +inf (tl.max would drop it): never converged, reported non-finite.
+    return tl.where(residual == residual, tl.abs(residual), float("inf"))
+
+
+@triton.jit
+def _tile_max(x):
+    return tl.max(tl.max(x, axis=1), axis=0)
+
+
+@triton.jit
+def _pick_row(x, rows, i):
+    """Row ``i`` of a ``[BLOCK_T, BLOCK_D]`` tile as ``[BLOCK_D]`` (other rows may hold NaN)."""
+    return tl.sum(tl.where((rows == i)[:, None], x, 0.0), axis=0)
+
+
+@triton.jit
+def _shift_rows(x, before, rows, carry):
+    """Row ``i`` gets row ``i - 1`` of ``x``; row 0 gets ``carry [BLOCK_D]``."""
+    shifted = tl.gather(x, before, 0)
+    return tl.where((rows == 0)[:, None], carry[None, :], shifted)
+
+
+@triton.jit
+def _record_residual(hist, slots, k, worst, tol, MAX_ITERS: tl.constexpr, HIST: tl.constexpr):
+    """Note a chunk's residual before update ``k``; 1 when the chunk stops here, else 0.
+
+    Entry ``k`` of ``hist`` keeps the max over chunks before update k, the last entry the largest
+    residual a chunk stopped at (see ``gru_newton_kernel``).
+    """
+    hist = tl.where(slots == k, tl.maximum(hist, worst), hist)
+    stop = tl.where(worst <= tol, 1, 0) + tl.where(k >= MAX_ITERS, 1, 0)
+    # -1 (below every residual) leaves the last entry as it is when the chunk goes on.
+    stopped_at = tl.where(stop > 0, worst, -1.0)
+    hist = tl.where(slots == HIST - 1, tl.maximum(hist, stopped_at), hist)
+    return hist, tl.where(stop > 0, 1, 0)

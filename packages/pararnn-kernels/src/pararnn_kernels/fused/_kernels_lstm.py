@@ -1,0 +1,420 @@
+"""Triton kernels of the fused ParaLSTM layer (kernel-only module: no types, no public API).
+
+The cell (``pararnn_core.ParaLSTM``; ``u = [u_f, u_z, u_o]`` along the last axis, parameter rows
+``w = [a_f, a_z, a_o, p_f, p_o]`` of shape ``[5, D]``: the recurrent weight's three rows, then the
+peephole weight's two)::
+
+    f = σ(u_f + a_f h + p_f c),  z = tanh(u_z + a_z h),  c' = z + f (c - z),
+    o = σ(u_o + a_o h + p_o c'), h' = o tanh(c')
+
+State per channel ``(c, h)``; the Jacobian is a 2x2 block per channel, rows ``(c', h')``, columns
+``(c, h)``. Layouts: ``u [B, T, 3D]``, states ``[B, T, D, 2]`` (``c`` at ``[..., 0]``), ``h0``
+``[B, D, 2]``, all contiguous; arithmetic in float32 whatever the storage dtype.
+
+The kernels mirror the GRU's (``_kernels``; the same grids, arguments and history layout), with
+the pair ``(A, b)`` of a 2x2 block and a 2-vector in place of the scalar pair:
+
+* ``lstm_newton_kernel`` -- chunked exact-carry Newton; each update scans the six tiles
+  ``(A00, A01, A10, A11, b0, b1)`` under ``(A2, b2)∘(A1, b1) = (A2 A1, A2 b1 + b2)``. With
+  segments it also writes ``Π_t J_t`` over the segment (2x2, later steps on the left).
+* ``lstm_backward_kernel`` -- one reverse pass. The scan runs on ``ν_t = J_tᵀ μ_t`` (the
+  cotangent of the state step t consumed): ``ν_t = J_tᵀ ν_{t+1} + J_tᵀ g_t``, whose multiplier
+  is each row's own Jacobian, so only the 2-vector ``ν`` is shifted by one row (not the block);
+  then ``μ_t = g_t + ν_{t+1}`` and ``∂L/∂h0 = ν_0``.
+* ``lstm_sequential_kernel`` -- the recurrence step by step.
+"""
+
+import triton
+import triton.language as tl
+
+from ..scan._kernels import _combine_block2
+from ._kernels import (
+    _pick_row,
+    _record_residual,
+    _residual_size,
+    _shift_rows,
+    _tanh,
+    _tile_max,
+)
+
+
+@triton.jit
+def _matmul2(a00, a01, a10, a11, c00, c01, c10, c11):
+    # Product of 2x2 blocks, the earlier (a) on the right: C A.
+    return (
+        c00 * a00 + c01 * a10,
+        c00 * a01 + c01 * a11,
+        c10 * a00 + c11 * a10,
+        c10 * a01 + c11 * a11,
+    )
+
+
+@triton.jit
+def _lstm_forward(c, h, u_f, u_z, u_o, a_f, a_z, a_o, p_f, p_o):
+    f = tl.sigmoid(u_f + a_f * h + p_f * c)
+    z = _tanh(u_z + a_z * h)
+    c_new = z + f * (c - z)
+    o = tl.sigmoid(u_o + a_o * h + p_o * c_new)
+    tc = _tanh(c_new)
+    return f, z, c_new, o, tc
+
+
+@triton.jit
+def _lstm_jacobian(c, h, f, z, o, tc, a_f, a_z, a_o, p_f, p_o):
+    """The 2x2 block ``∂(c', h')/∂(c, h)`` and the two factors the backward reuses."""
+    s_f = f * (1.0 - f) * (c - z)
+    dc_dc = f + s_f * p_f
+    dc_dh = s_f * a_f + (1.0 - f) * (1.0 - z * z) * a_z
+    s_o = o * (1.0 - o) * tc
+    # ∂h'/∂c' through both the peephole of o and tanh(c').
+    d_out = s_o * p_o + o * (1.0 - tc * tc)
+    return dc_dc, dc_dh, d_out * dc_dc, s_o * a_o + d_out * dc_dh, s_o, d_out
+
+
+@triton.jit
+def _load_gates(u_ptr, offs_u, mask, D):
+    u_f = tl.load(u_ptr + offs_u, mask=mask, other=0.0).to(tl.float32)
+    u_z = tl.load(u_ptr + offs_u + D, mask=mask, other=0.0).to(tl.float32)
+    u_o = tl.load(u_ptr + offs_u + 2 * D, mask=mask, other=0.0).to(tl.float32)
+    return u_f, u_z, u_o
+
+
+@triton.jit
+def _load_weights(w_ptr, offs_d, mask_d, D):
+    a_f = tl.load(w_ptr + offs_d, mask=mask_d, other=0.0).to(tl.float32)
+    a_z = tl.load(w_ptr + D + offs_d, mask=mask_d, other=0.0).to(tl.float32)
+    a_o = tl.load(w_ptr + 2 * D + offs_d, mask=mask_d, other=0.0).to(tl.float32)
+    p_f = tl.load(w_ptr + 3 * D + offs_d, mask=mask_d, other=0.0).to(tl.float32)
+    p_o = tl.load(w_ptr + 4 * D + offs_d, mask=mask_d, other=0.0).to(tl.float32)
+    return a_f, a_z, a_o, p_f, p_o
+
+
+@triton.jit
+def _load_chunk(u_ptr, row_base, c0, t_end, D, offs_d, mask_d, BLOCK_T: tl.constexpr):
+    t = c0 + tl.arange(0, BLOCK_T)
+    mask = (t < t_end)[:, None] & mask_d[None, :]
+    offs_u = (row_base + t)[:, None] * (3 * D) + offs_d[None, :]
+    return _load_gates(u_ptr, offs_u, mask, D)
+
+
+@triton.jit
+def lstm_newton_kernel(
+    u_ptr,
+    w_ptr,
+    start_ptr,
+    out_ptr,
+    end_ptr,
+    jprod_ptr,
+    hist_ptr,
+    iters_ptr,
+    T,
+    D,
+    seg_len,
+    first_seg,
+    tol,
+    omega,
+    MAX_ITERS: tl.constexpr,
+    GUESS: tl.constexpr,
+    NEED_JPROD: tl.constexpr,
+    HIST: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """``start [S, B, D, 2]`` -> states ``out [B, T, D, 2]``, ``end [S, B, D, 2]``,
+    ``jprod [S, B, D, 2, 2]``; ``GUESS``, ``hist`` and ``iters`` as in ``gru_newton_kernel``
+    (``GUESS=0``: the empty state, zeros)."""
+    pid_d = tl.program_id(0)
+    pid_b = tl.program_id(1)
+    seg = tl.program_id(2) + first_seg
+    n_d = tl.num_programs(0)
+    n_b = tl.num_programs(1)
+    offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    mask_d = offs_d < D
+    rows = tl.arange(0, BLOCK_T)
+    a_f, a_z, a_o, p_f, p_o = _load_weights(w_ptr, offs_d, mask_d, D)
+
+    seg_slot = (seg.to(tl.int64) * n_b + pid_b) * D + offs_d
+    c = tl.load(start_ptr + seg_slot * 2, mask=mask_d, other=0.0).to(tl.float32)
+    h = tl.load(start_ptr + seg_slot * 2 + 1, mask=mask_d, other=0.0).to(tl.float32)
+    one = tl.full([BLOCK_D], 1.0, dtype=tl.float32)
+    zero = tl.zeros([BLOCK_D], dtype=tl.float32)
+    q00, q01, q10, q11 = one, zero, zero, one
+    hist = tl.full([HIST], -1.0, dtype=tl.float32)
+    slots = tl.arange(0, HIST)
+    most_iters = tl.full([], 0, dtype=tl.int32)
+    before = tl.maximum(rows - 1, 0)[:, None] + tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.int32)
+
+    t_begin = seg * seg_len
+    t_end = tl.minimum(t_begin + seg_len, T)
+    row_base = pid_b.to(tl.int64) * T
+    n_f, n_z, n_o = _load_chunk(u_ptr, row_base, t_begin, t_end, D, offs_d, mask_d, BLOCK_T)
+    for c0 in range(t_begin, t_end, BLOCK_T):
+        u_f, u_z, u_o = n_f, n_z, n_o
+        n_f, n_z, n_o = _load_chunk(
+            u_ptr, row_base, c0 + BLOCK_T, t_end, D, offs_d, mask_d, BLOCK_T
+        )
+        t = c0 + rows
+        valid = t < t_end
+        mask = valid[:, None] & mask_d[None, :]
+        offs_out = ((row_base + t)[:, None] * D + offs_d[None, :]) * 2
+        if GUESS == 2:
+            s_c = tl.load(out_ptr + offs_out, mask=mask, other=0.0).to(tl.float32)
+            s_h = tl.load(out_ptr + offs_out + 1, mask=mask, other=0.0).to(tl.float32)
+        elif GUESS == 1:
+            empty = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
+            _g_f, _g_z, s_c, g_o, g_tc = _lstm_forward(
+                empty, empty, u_f, u_z, u_o, a_f, a_z, a_o, p_f, p_o
+            )
+            s_h = g_o * g_tc
+        else:
+            s_c = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
+            s_h = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
+
+        k = 0
+        done = 0
+        j00 = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
+        j01 = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
+        j10 = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
+        j11 = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
+        while done == 0:
+            prev_c = _shift_rows(s_c, before, rows, c)
+            prev_h = _shift_rows(s_h, before, rows, h)
+            f, z, c_new, o, tc = _lstm_forward(
+                prev_c, prev_h, u_f, u_z, u_o, a_f, a_z, a_o, p_f, p_o
+            )
+            j00, j01, j10, j11, _s_o, _d_out = _lstm_jacobian(
+                prev_c, prev_h, f, z, o, tc, a_f, a_z, a_o, p_f, p_o
+            )
+            r_c = tl.where(mask, c_new - s_c, 0.0)
+            r_h = tl.where(mask, o * tc - s_h, 0.0)
+            worst = tl.maximum(_tile_max(_residual_size(r_c)), _tile_max(_residual_size(r_h)))
+            hist, done = _record_residual(hist, slots, k, worst, tol, MAX_ITERS, HIST)
+            if done == 0:
+                # Rows past the end multiply by the identity, so the scan stays exact.
+                _p00, _p01, _p10, _p11, d_c, d_h = tl.associative_scan(
+                    (
+                        tl.where(valid[:, None], j00, 1.0),
+                        tl.where(valid[:, None], j01, 0.0),
+                        tl.where(valid[:, None], j10, 0.0),
+                        tl.where(valid[:, None], j11, 1.0),
+                        r_c,
+                        r_h,
+                    ),
+                    0,
+                    _combine_block2,
+                )
+                s_c = s_c + omega * d_c
+                s_h = s_h + omega * d_h
+                k += 1
+        most_iters = tl.maximum(most_iters, k)
+
+        tl.store(out_ptr + offs_out, s_c.to(out_ptr.dtype.element_ty), mask=mask)
+        tl.store(out_ptr + offs_out + 1, s_h.to(out_ptr.dtype.element_ty), mask=mask)
+        last = tl.minimum(c0 + BLOCK_T, t_end) - 1 - c0
+        c = _pick_row(s_c, rows, last)
+        h = _pick_row(s_h, rows, last)
+        if NEED_JPROD:
+            # Π_t J_t over the chunk (rows past the end are the identity): the last row of
+            # the prefix products, then on the left of the segment's product so far.
+            m00, m01, m10, m11 = tl.associative_scan(
+                (
+                    tl.where(valid[:, None], j00, 1.0),
+                    tl.where(valid[:, None], j01, 0.0),
+                    tl.where(valid[:, None], j10, 0.0),
+                    tl.where(valid[:, None], j11, 1.0),
+                ),
+                0,
+                _matmul2,
+            )
+            q00, q01, q10, q11 = _matmul2(
+                q00,
+                q01,
+                q10,
+                q11,
+                _pick_row(m00, rows, BLOCK_T - 1),
+                _pick_row(m01, rows, BLOCK_T - 1),
+                _pick_row(m10, rows, BLOCK_T - 1),
+                _pick_row(m11, rows, BLOCK_T - 1),
+            )
+
+    tl.store(end_ptr + seg_slot * 2, c, mask=mask_d)
+    tl.store(end_ptr + seg_slot * 2 + 1, h, mask=mask_d)
+    if NEED_JPROD:
+        tl.store(jprod_ptr + seg_slot * 4, q00, mask=mask_d)
+        tl.store(jprod_ptr + seg_slot * 4 + 1, q01, mask=mask_d)
+        tl.store(jprod_ptr + seg_slot * 4 + 2, q10, mask=mask_d)
+        tl.store(jprod_ptr + seg_slot * 4 + 3, q11, mask=mask_d)
+    program = (tl.program_id(2) * n_b + pid_b) * n_d + pid_d
+    tl.store(hist_ptr + program.to(tl.int64) * HIST + slots, hist)
+    tl.store(iters_ptr + program, most_iters)
+
+
+@triton.jit
+def _load_backward_chunk(
+    u_ptr, grad_ptr, states_ptr, h0_c, h0_h, row_base, top, D, offs_d, mask_d,
+    BLOCK_T: tl.constexpr,
+):  # fmt: skip
+    """Rows ``i`` = steps ``top - i``: gates, ``∂L/∂(c, h)`` and the consumed state (h0 at 0)."""
+    t = top - tl.arange(0, BLOCK_T)
+    mask = (t >= 0)[:, None] & mask_d[None, :]
+    elem = (row_base + t)[:, None] * D + offs_d[None, :]
+    offs_u = (row_base + t)[:, None] * (3 * D) + offs_d[None, :]
+    u_f, u_z, u_o = _load_gates(u_ptr, offs_u, mask, D)
+    g_c = tl.load(grad_ptr + elem * 2, mask=mask, other=0.0).to(tl.float32)
+    g_h = tl.load(grad_ptr + elem * 2 + 1, mask=mask, other=0.0).to(tl.float32)
+    has_prev = mask & (t >= 1)[:, None]
+    prev_c = tl.load(states_ptr + (elem - D) * 2, mask=has_prev, other=0.0).to(tl.float32)
+    prev_h = tl.load(states_ptr + (elem - D) * 2 + 1, mask=has_prev, other=0.0).to(tl.float32)
+    first = (t == 0)[:, None]
+    prev_c = tl.where(first, h0_c[None, :], prev_c)
+    prev_h = tl.where(first, h0_h[None, :], prev_h)
+    return u_f, u_z, u_o, g_c, g_h, prev_c, prev_h
+
+
+@triton.jit
+def lstm_backward_kernel(
+    u_ptr,
+    w_ptr,
+    h0_ptr,
+    states_ptr,
+    grad_ptr,
+    grad_u_ptr,
+    grad_h0_ptr,
+    grad_w_ptr,
+    T,
+    D,
+    BLOCK_T: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """Reverse pass; ``grad_w [B, cdiv(D, BLOCK_D), 5, BLOCK_D]`` gets this program's partials.
+
+    Rows of a chunk run backwards in time (row i is step ``top - i``), so a forward associative
+    scan over rows solves the reverse recurrence of ``ν`` (module docstring).
+    """
+    pid_d = tl.program_id(0)
+    pid_b = tl.program_id(1)
+    offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    mask_d = offs_d < D
+    rows = tl.arange(0, BLOCK_T)
+    a_f, a_z, a_o, p_f, p_o = _load_weights(w_ptr, offs_d, mask_d, D)
+    h0_slot = (pid_b.to(tl.int64) * D + offs_d) * 2
+    h0_c = tl.load(h0_ptr + h0_slot, mask=mask_d, other=0.0).to(tl.float32)
+    h0_h = tl.load(h0_ptr + h0_slot + 1, mask=mask_d, other=0.0).to(tl.float32)
+    before = tl.maximum(rows - 1, 0)[:, None] + tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.int32)
+
+    # ν at the step after this chunk's first row (zero after the last step).
+    nu_c = tl.zeros([BLOCK_D], dtype=tl.float32)
+    nu_h = tl.zeros([BLOCK_D], dtype=tl.float32)
+    # Parameter-gradient partials, reduced over each chunk's rows (keeps registers for the
+    # six-tile scan; the order of the sums is fixed, so the result is still deterministic).
+    acc_af = tl.zeros([BLOCK_D], dtype=tl.float32)
+    acc_az = tl.zeros([BLOCK_D], dtype=tl.float32)
+    acc_ao = tl.zeros([BLOCK_D], dtype=tl.float32)
+    acc_pf = tl.zeros([BLOCK_D], dtype=tl.float32)
+    acc_po = tl.zeros([BLOCK_D], dtype=tl.float32)
+    row_base = pid_b.to(tl.int64) * T
+    n_f, n_z, n_o, n_gc, n_gh, n_pc, n_ph = _load_backward_chunk(
+        u_ptr, grad_ptr, states_ptr, h0_c, h0_h, row_base, T - 1, D, offs_d, mask_d, BLOCK_T
+    )
+    for c0 in range(0, T, BLOCK_T):
+        u_f, u_z, u_o, g_c, g_h, prev_c, prev_h = n_f, n_z, n_o, n_gc, n_gh, n_pc, n_ph
+        n_f, n_z, n_o, n_gc, n_gh, n_pc, n_ph = _load_backward_chunk(
+            u_ptr,
+            grad_ptr,
+            states_ptr,
+            h0_c,
+            h0_h,
+            row_base,
+            T - 1 - c0 - BLOCK_T,
+            D,
+            offs_d,
+            mask_d,
+            BLOCK_T,
+        )
+        t = (T - 1 - c0) - rows
+        valid = t >= 0
+        mask = valid[:, None] & mask_d[None, :]
+        offs_u = (row_base + t)[:, None] * (3 * D) + offs_d[None, :]
+
+        f, z, c_new, o, tc = _lstm_forward(prev_c, prev_h, u_f, u_z, u_o, a_f, a_z, a_o, p_f, p_o)
+        j00, j01, j10, j11, s_o, d_out = _lstm_jacobian(
+            prev_c, prev_h, f, z, o, tc, a_f, a_z, a_o, p_f, p_o
+        )
+        j00 = tl.where(mask, j00, 0.0)
+        j01 = tl.where(mask, j01, 0.0)
+        j10 = tl.where(mask, j10, 0.0)
+        j11 = tl.where(mask, j11, 0.0)
+        # ν_t = J_tᵀ ν_{t+1} + J_tᵀ g_t: the pair (J_tᵀ, J_tᵀ g_t) per row.
+        p00, p01, p10, p11, acc_c, acc_h = tl.associative_scan(
+            (j00, j10, j01, j11, j00 * g_c + j10 * g_h, j01 * g_c + j11 * g_h),
+            0,
+            _combine_block2,
+        )
+        nu_rows_c = acc_c + p00 * nu_c[None, :] + p01 * nu_h[None, :]
+        nu_rows_h = acc_h + p10 * nu_c[None, :] + p11 * nu_h[None, :]
+        mu_c = tl.where(mask, g_c + _shift_rows(nu_rows_c, before, rows, nu_c), 0.0)
+        mu_h = tl.where(mask, g_h + _shift_rows(nu_rows_h, before, rows, nu_h), 0.0)
+
+        # μ through h' = o tanh(c') and c' = z + f (c - z) to the gate pre-activations.
+        gu_o = mu_h * s_o
+        mu_cell = mu_c + mu_h * d_out
+        gu_f = mu_cell * f * (1.0 - f) * (prev_c - z)
+        gu_z = mu_cell * (1.0 - f) * (1.0 - z * z)
+        tl.store(grad_u_ptr + offs_u, gu_f.to(grad_u_ptr.dtype.element_ty), mask=mask)
+        tl.store(grad_u_ptr + offs_u + D, gu_z.to(grad_u_ptr.dtype.element_ty), mask=mask)
+        tl.store(grad_u_ptr + offs_u + 2 * D, gu_o.to(grad_u_ptr.dtype.element_ty), mask=mask)
+        acc_af += tl.sum(gu_f * prev_h, axis=0)
+        acc_az += tl.sum(gu_z * prev_h, axis=0)
+        acc_ao += tl.sum(gu_o * prev_h, axis=0)
+        acc_pf += tl.sum(gu_f * prev_c, axis=0)
+        acc_po += tl.sum(gu_o * c_new, axis=0)
+
+        if T - 1 - c0 < BLOCK_T:  # the chunk holding step 0: ∂L/∂h0 = ν_0
+            h0_out = (pid_b.to(tl.int64) * D + offs_d) * 2
+            is_first = (t == 0)[:, None]
+            g0_c = tl.sum(tl.where(is_first, nu_rows_c, 0.0), axis=0)
+            g0_h = tl.sum(tl.where(is_first, nu_rows_h, 0.0), axis=0)
+            tl.store(grad_h0_ptr + h0_out, g0_c.to(grad_h0_ptr.dtype.element_ty), mask=mask_d)
+            tl.store(grad_h0_ptr + h0_out + 1, g0_h.to(grad_h0_ptr.dtype.element_ty), mask=mask_d)
+        nu_c = _pick_row(nu_rows_c, rows, BLOCK_T - 1)
+        nu_h = _pick_row(nu_rows_h, rows, BLOCK_T - 1)
+
+    slot = ((pid_b.to(tl.int64) * tl.num_programs(0) + pid_d) * 5) * BLOCK_D + tl.arange(0, BLOCK_D)
+    tl.store(grad_w_ptr + slot, acc_af)
+    tl.store(grad_w_ptr + slot + BLOCK_D, acc_az)
+    tl.store(grad_w_ptr + slot + 2 * BLOCK_D, acc_ao)
+    tl.store(grad_w_ptr + slot + 3 * BLOCK_D, acc_pf)
+    tl.store(grad_w_ptr + slot + 4 * BLOCK_D, acc_po)
+
+
+@triton.jit
+def lstm_sequential_kernel(
+    u_ptr,
+    w_ptr,
+    h0_ptr,
+    out_ptr,
+    T,
+    D,
+    BLOCK_D: tl.constexpr,
+):
+    """``(c, h)_t = f((c, h)_{t-1}, u_t)`` one step at a time; the next inputs load meanwhile."""
+    pid_d = tl.program_id(0)
+    pid_b = tl.program_id(1)
+    offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    mask_d = offs_d < D
+    a_f, a_z, a_o, p_f, p_o = _load_weights(w_ptr, offs_d, mask_d, D)
+    h0_slot = (pid_b.to(tl.int64) * D + offs_d) * 2
+    c = tl.load(h0_ptr + h0_slot, mask=mask_d, other=0.0).to(tl.float32)
+    h = tl.load(h0_ptr + h0_slot + 1, mask=mask_d, other=0.0).to(tl.float32)
+    row_base = pid_b.to(tl.int64) * T
+    offs_u = row_base * (3 * D) + offs_d
+    u_f, u_z, u_o = _load_gates(u_ptr, offs_u, mask_d, D)
+    for t in range(T):
+        cur_f, cur_z, cur_o = u_f, u_z, u_o
+        u_f, u_z, u_o = _load_gates(u_ptr, offs_u + 3 * D, mask_d & (offs_d * 0 + t + 1 < T), D)
+        _f, _z, c, o, tc = _lstm_forward(c, h, cur_f, cur_z, cur_o, a_f, a_z, a_o, p_f, p_o)
+        h = o * tc
+        out = ((row_base + t) * D + offs_d) * 2
+        tl.store(out_ptr + out, c.to(out_ptr.dtype.element_ty), mask=mask_d)
+        tl.store(out_ptr + out + 1, h.to(out_ptr.dtype.element_ty), mask=mask_d)
+        offs_u += 3 * D

@@ -1,0 +1,623 @@
+"""The launchers every fused cell layer shares: validation, plan, cost model, segments, stats.
+
+A cell's fused kernels (Newton, backward, sequential) take the same arguments whatever the cell
+(its recurrent parameters stacked into one ``[R, D]`` row table), so one launcher per kernel kind
+serves every cell; :class:`CellSpec` says what differs (gates, state components, parameters,
+kernels, defaults, cost factors). The public, typed wrappers live in :mod:`.gru`, :mod:`.lstm`
+and :mod:`.slstm`.
+
+Layouts (contiguous): ``u [B, T, G·D]`` (G gate blocks of D channels); states ``[B, T, D]`` for a
+diagonal cell (one component) and ``[B, T, D, k]`` for a block cell (k components per channel);
+``h0`` ``[B, D]`` / ``[B, D, k]``. Arithmetic in float32 whatever the storage dtype.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+import torch
+from torch import Tensor
+
+from ..dispatch import (
+    TRITON_STORAGE_DTYPES,
+    multiprocessor_count,
+    supports_bf16,
+    triton_installed,
+    triton_interpret_mode,
+)
+from ..scan import scan_block_diag, scan_diag
+
+__all__ = [
+    "FUSED_DEFAULT_TOL",
+    "HBM_BYTES_PER_S",
+    "MAX_SEGMENT_PASSES",
+    "NEWTON_CHUNK_S",
+    "SEQUENTIAL_STEP_S",
+    "CellSpec",
+    "FusedNewtonResult",
+    "FusedPlan",
+    "check_fused_supported",
+]
+
+#: The per-chunk stopping tolerance when none is given: float32 arithmetic resolves residuals of
+#: states in ``[-1, 1]`` to about this, so a tighter one only spends iterations.
+FUSED_DEFAULT_TOL: Final = 1.0e-6
+#: Boundary-correction passes at most when time is split into segments.
+MAX_SEGMENT_PASSES: Final = 4
+
+
+@dataclass(frozen=True)
+class FusedPlan:
+    """Launch shape of a fused Newton kernel (:func:`~pararnn_kernels.fused.fused_gru_newton`,
+    :func:`~pararnn_kernels.fused.fused_lstm_newton`,
+    :func:`~pararnn_kernels.fused.fused_slstm_newton`).
+
+    Attributes:
+        block_t: steps per chunk (a power of two).
+        block_d: channels per program (a power of two).
+        segments: time segments (1: every chunk starts from the exact state; more: segments
+            start from guesses corrected on the boundaries).
+        num_warps: warps per program.
+    """
+
+    block_t: int = 128
+    block_d: int = 16
+    segments: int = 1
+    num_warps: int = 4
+
+
+@dataclass(frozen=True)
+class FusedNewtonResult:
+    """What a fused Newton solve returns.
+
+    Attributes:
+        states: ``[B, T, D]`` (diagonal cells) or ``[B, T, D, k]`` (block cells), the storage
+            dtype of ``u``.
+        iters: the most Newton updates any chunk ran (over all passes).
+        residuals: per update index k, the max over chunks (and passes) of the residual
+            before update k (chunks that had stopped do not count); ``iters + 1`` entries;
+            ``inf`` marks a non-finite residual.
+        max_residual: the largest residual any chunk stopped at, and the largest mismatch between
+            a segment's end state and the next segment's start state.
+        passes: full passes over the inputs (1 without segments).
+        plan: the launch shape used.
+    """
+
+    states: Tensor
+    iters: int
+    residuals: tuple[float, ...]
+    max_residual: float
+    passes: int
+    plan: FusedPlan
+
+
+#: ``step(state, u_t, rows) -> new state``: one step of the cell in torch on any leading axes;
+#: ``state [..., D]`` (diagonal) or ``[..., D, k]``, ``u_t [..., G·D]``, ``rows [R, D]``.
+TorchStep = Callable[[Tensor, Tensor, Tensor], Tensor]
+
+
+@dataclass(frozen=True)
+class CellSpec:
+    """What the shared launchers need to know about one cell.
+
+    Attributes:
+        name: the cell as messages name it (``"GRU"``).
+        gates: the gate blocks of ``u`` in order (``u`` is ``[B, T, len(gates)·D]``).
+        components: the state components per channel; one: the diagonal layout ``[B, T, D]``,
+            k: the block layout ``[B, T, D, k]``.
+        weights: per recurrent parameter, its argument name and row names; the kernels get the
+            rows of all of them stacked in this order (``[R, D]``).
+        kernels: the kernel module (in this package) with ``{prefix}_newton_kernel``,
+            ``{prefix}_backward_kernel`` and ``{prefix}_sequential_kernel``.
+        prefix: the kernels' name prefix.
+        step: the cell step in torch (segment guesses and the pure-torch reference).
+        empty: the empty state's value per component (zeros except sLSTM's log-normaliser).
+        block_t: default Newton chunk (steps), picked so the scan tuple fits in registers.
+        backward_block_t: default backward chunk.
+        newton_work: one Newton chunk step of this cell in units of the GRU's (cost model).
+        sequential_work: one sequential step in units of the GRU's (cost model).
+        sequential_rows: the sequential kernel takes ``ROWS`` (steps per loaded tile).
+    """
+
+    name: str
+    gates: tuple[str, ...]
+    components: tuple[str, ...]
+    weights: tuple[tuple[str, tuple[str, ...]], ...]
+    kernels: str
+    prefix: str
+    step: TorchStep
+    empty: tuple[float, ...]
+    block_t: int
+    backward_block_t: int
+    newton_work: float
+    sequential_work: float
+    sequential_rows: bool = False
+
+    @property
+    def k(self) -> int:
+        """State components per channel (1 for a diagonal cell)."""
+        return len(self.components)
+
+    @property
+    def rows(self) -> int:
+        """Rows of the stacked parameter table."""
+        return sum(len(names) for _name, names in self.weights)
+
+    def state_tail(self, channels: int) -> tuple[int, ...]:
+        """One state without the batch axis: ``(D,)`` or ``(D, k)``."""
+        return (channels,) if self.k == 1 else (channels, self.k)
+
+    def state_layout(self, lead: str) -> str:
+        """``[B, D]``-style layout text with ``lead`` axes first (for messages)."""
+        return f"[{lead}, D]" if self.k == 1 else f"[{lead}, D, {self.k}]"
+
+    def empty_state(
+        self, shape: Sequence[int], channels: int, device: torch.device, dtype: torch.dtype
+    ) -> Tensor:
+        """The empty state on leading axes ``shape``: ``[*shape, D]`` or ``[*shape, D, k]``."""
+        state = torch.zeros(*shape, *self.state_tail(channels), device=device, dtype=dtype)
+        for j, value in enumerate(self.empty):
+            if value != 0.0:
+                state[..., j] = value
+        return state
+
+
+def _next_power_of_2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def check_fused_supported(tensor: Tensor, name: str = "u") -> None:
+    """Raise unless the fused kernels can run on ``tensor``'s device and dtype.
+
+    Raises:
+        ValueError: not a CUDA tensor (and not under ``TRITON_INTERPRET=1``), a dtype other than
+            float32/float16/bfloat16, bfloat16 below compute capability 8.0, or no Triton.
+    """
+    if not triton_installed():
+        raise ValueError("the fused kernels need the 'triton' package, which is not installed")
+    if tensor.device.type != "cuda" and not triton_interpret_mode():
+        raise ValueError(
+            f"the fused kernels need CUDA tensors, got {name} on {tensor.device}; set "
+            "TRITON_INTERPRET=1 before importing pararnn_kernels to run them in the interpreter"
+        )
+    if tensor.dtype not in TRITON_STORAGE_DTYPES:
+        raise ValueError(
+            f"the fused kernels store float32, float16 or bfloat16; got {name} of {tensor.dtype}"
+        )
+    if tensor.dtype == torch.bfloat16 and not supports_bf16(tensor.device):
+        raise ValueError(
+            f"bfloat16 storage needs compute capability >= 8.0; {tensor.device} has "
+            f"{torch.cuda.get_device_capability(tensor.device)}"
+        )
+
+
+def check_layer(
+    spec: CellSpec, u: Tensor, weights: Sequence[Tensor], h0: Tensor | None
+) -> tuple[int, int, int]:
+    """Validate a layer's tensors; ``(B, T, D)``. Messages name the argument, expected, actual."""
+    n_gates = len(spec.gates)
+    if not isinstance(u, Tensor) or u.dim() != 3:
+        raise ValueError(
+            f"u must be [B, T, {n_gates}D], got shape {tuple(getattr(u, 'shape', ()))}"
+        )
+    batch, steps, width = u.shape
+    if width % n_gates != 0:
+        raise ValueError(
+            f"u's last axis must be {n_gates}D (gates {', '.join(spec.gates)}), got {width}"
+        )
+    channels = width // n_gates
+    if steps < 1:
+        raise ValueError(f"u must have T >= 1 steps, got T={steps}")
+    for (name, rows), weight in zip(spec.weights, weights, strict=True):
+        if not isinstance(weight, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(weight).__name__}")
+        if tuple(weight.shape) != (len(rows), channels):
+            raise ValueError(
+                f"{name} must be [{len(rows)}, D] = [{len(rows)}, {channels}], "
+                f"got {tuple(weight.shape)}"
+            )
+        if weight.device != u.device:
+            raise ValueError(f"{name} is on {weight.device}, u on {u.device}")
+    if h0 is not None:
+        expected = (batch, *spec.state_tail(channels))
+        if tuple(h0.shape) != expected:
+            given = ", ".join(str(n) for n in expected)
+            raise ValueError(
+                f"h0 must be {spec.state_layout('B')} = [{given}], got {tuple(h0.shape)}"
+            )
+        if h0.device != u.device:
+            raise ValueError(f"h0 is on {h0.device}, u on {u.device}")
+    check_fused_supported(u)
+    return batch, steps, channels
+
+
+def _check_states(
+    spec: CellSpec, name: str, tensor: Tensor, batch: int, steps: int, d: int
+) -> None:
+    expected = (batch, steps, *spec.state_tail(d))
+    if tuple(tensor.shape) != expected:
+        given = ", ".join(str(n) for n in expected)
+        raise ValueError(
+            f"{name} must be {spec.state_layout('B, T')} = [{given}], got {tuple(tensor.shape)}"
+        )
+
+
+def _kernel(spec: CellSpec, kind: str) -> Any:
+    module = importlib.import_module(f".{spec.kernels}", __package__)
+    return torch.library.wrap_triton(getattr(module, f"{spec.prefix}_{kind}_kernel"))
+
+
+def _stacked(weights: Sequence[Tensor]) -> Tensor:
+    """The kernels' ``[R, D]`` parameter table (rows of every parameter, in order)."""
+    if len(weights) == 1:
+        return weights[0].detach().contiguous()
+    return torch.cat([w.detach() for w in weights]).contiguous()
+
+
+# Cost-model constants, measured on an H200 in float32 on the GRU kernels with
+# benchmarks/bench_fused.py (docs/benchmarks.md has the sweep): a Newton chunk of 128 steps takes
+# about NEWTON_CHUNK_S per wave of resident programs, plus NEWTON_FIXED_S per call (launch, the
+# stats read-back); the sequential kernel takes SEQUENTIAL_STEP_S per step per wave and reaches
+# SEQUENTIAL_BW_SHARE of the copy bandwidth when B·D fills the GPU. The block cells scale the
+# two times by their CellSpec work factors (not measured yet).
+NEWTON_CHUNK_S: Final = 7.0e-6
+NEWTON_FIXED_S: Final = 0.35e-3
+SEQUENTIAL_STEP_S: Final = 0.25e-6
+SEQUENTIAL_BW_SHARE: Final = 0.43
+#: The copy bandwidth of an H200 (bytes read plus written per second), for the byte floor.
+HBM_BYTES_PER_S: Final = 4.3e12
+_RESIDENT_PER_SM: Final = 4
+_SEQUENTIAL_PER_SM: Final = 8
+# From this many channels in total (B·D) the kernels are throughput-bound: larger tiles.
+_WIDE: Final = 2**15
+
+
+def plan_fused(
+    spec: CellSpec,
+    batch: int,
+    steps: int,
+    channels: int,
+    device: torch.device,
+    *,
+    block_t: int | None = None,
+    block_d: int | None = None,
+    segments: int | None = None,
+    num_warps: int | None = None,
+) -> FusedPlan:
+    """The Newton launch shape for ``spec``; the model is in ``plan_fused_gru``'s docstring."""
+    wide = batch * channels >= _WIDE
+    block_t = block_t or (min(64, spec.block_t) if wide else spec.block_t)
+    block_d = block_d or min(8 if wide else 4, _next_power_of_2(channels))
+    if segments is None:
+        programs = batch * math.ceil(channels / block_d)
+        target = 2 * multiprocessor_count(device)
+        chunks = math.ceil(steps / block_t)
+        segments = 1
+        while programs * segments < target and 2 * segments <= chunks:
+            segments *= 2
+    if segments < 1:
+        raise ValueError(f"segments must be >= 1, got {segments}")
+    return FusedPlan(block_t, block_d, segments, num_warps or 2)
+
+
+def sequential_plan(spec: CellSpec, batch: int, channels: int) -> tuple[int, int, int]:
+    """``(block_d, rows, num_warps)`` of the sequential kernel, the fastest measured for the GRU:
+    16 channels and 4 steps per tile while B·D is small (latency-bound), 64 channels one step
+    at a time when B·D fills the GPU (bandwidth-bound). ``rows`` is 0 for kernels that walk one
+    step per load (the block cells)."""
+    wide = batch * channels >= _WIDE
+    block_d = min(64 if wide else 16, _next_power_of_2(channels))
+    if not spec.sequential_rows:
+        return block_d, 0, max(1, min(4, block_d // 32))
+    return block_d, 1 if wide else 4, 2 if wide else 1
+
+
+def estimate_seconds(
+    spec: CellSpec,
+    batch: int,
+    steps: int,
+    channels: int,
+    device: torch.device,
+    dtype: torch.dtype,
+) -> dict[str, float]:
+    """The cost model's forward time of each fused kernel, ``{"newton": s, "sequential": s}``.
+
+    Both read ``u`` once and write the states once: the byte floor is
+    ``(G + k) · B·T·D · size / bandwidth``. Sequential: ``T`` steps of
+    ``SEQUENTIAL_STEP_S · sequential_work`` per wave of programs, or the floor over its share of
+    the bandwidth. Newton: ``NEWTON_FIXED_S`` plus the chunks of its plan at
+    ``NEWTON_CHUNK_S · newton_work · block_t / 128`` each, per wave, per pass.
+    """
+    size = torch.empty((), dtype=dtype).element_size()
+    floor = (len(spec.gates) + spec.k) * batch * steps * channels * size / HBM_BYTES_PER_S
+    sms = multiprocessor_count(device)
+    seq_block_d = sequential_plan(spec, batch, channels)[0]
+    seq_waves = math.ceil(batch * math.ceil(channels / seq_block_d) / (_SEQUENTIAL_PER_SM * sms))
+    seq_step = SEQUENTIAL_STEP_S * spec.sequential_work
+    sequential = max(floor / SEQUENTIAL_BW_SHARE, steps * seq_step * seq_waves)
+    plan = plan_fused(spec, batch, steps, channels, device)
+    programs = batch * math.ceil(channels / plan.block_d) * plan.segments
+    waves = math.ceil(programs / (_RESIDENT_PER_SM * sms))
+    chunks = math.ceil(steps / (plan.segments * plan.block_t))
+    passes = 1 if plan.segments == 1 else 2
+    chunk_s = NEWTON_CHUNK_S * spec.newton_work * plan.block_t / 128
+    newton = NEWTON_FIXED_S + max(floor * passes, passes * waves * chunks * chunk_s)
+    return {"newton": newton, "sequential": sequential}
+
+
+def choose_method(
+    spec: CellSpec,
+    batch: int,
+    steps: int,
+    channels: int,
+    device: torch.device,
+    dtype: torch.dtype,
+) -> Literal["newton", "sequential"]:
+    """Fused Newton or fused sequential for one layer of ``spec``: the smaller estimate of
+    :func:`estimate_seconds`."""
+    estimate = estimate_seconds(spec, batch, steps, channels, device, dtype)
+    return "newton" if estimate["newton"] <= estimate["sequential"] else "sequential"
+
+
+def _segment_guess(
+    spec: CellSpec, u: Tensor, rows: Tensor, starts_t: Tensor, channels: int, step_guess: bool
+) -> Tensor:
+    """Start states ``[S-1, B, D(, k)]`` of segments 1..: the initial guess one step before."""
+    batch = u.shape[0]
+    empty = spec.empty_state((starts_t.numel(), batch), channels, u.device, torch.float32)
+    if not step_guess:
+        return empty
+    before = u[:, starts_t - 1].float().transpose(0, 1)  # [S-1, B, G·D]
+    return spec.step(empty, before, rows.float())
+
+
+def _corrected_starts(spec: CellSpec, starts: Tensor, ends: Tensor, jprod: Tensor) -> Tensor:
+    """One Newton step on the segment boundaries (see :func:`newton`); ``[S, B, D(, k)]``."""
+    # Each segment's end state should be the next one's start state, and jprod is the
+    # derivative of a segment's end by its start: one Newton step on the boundaries is the
+    # linear recurrence s'_{j+1} = P_j s'_j + (end_j - P_j s_j), s'_0 = h0, a scan over the
+    # segments (diagonal or block-diagonal, as the cell's Jacobian).
+    mult = jprod[:-1].transpose(0, 1).contiguous()
+    if spec.k == 1:
+        offset = (ends[:-1] - jprod[:-1] * starts[:-1]).transpose(0, 1).contiguous()
+        fixed = scan_diag(mult, offset, starts[0], backend="auto")
+    else:
+        moved = (jprod[:-1] @ starts[:-1].unsqueeze(-1)).squeeze(-1)
+        offset = (ends[:-1] - moved).transpose(0, 1).contiguous()
+        fixed = scan_block_diag(mult, offset, starts[0], backend="auto")
+    return torch.cat([starts[:1], fixed.transpose(0, 1)]).contiguous()
+
+
+def newton(
+    spec: CellSpec,
+    u: Tensor,
+    weights: Sequence[Tensor],
+    h0: Tensor | None,
+    *,
+    max_iters: int,
+    tol: float | None,
+    omega: float,
+    initial_guess: Literal["step", "initial_state"],
+    plan: FusedPlan | None,
+) -> FusedNewtonResult:
+    """Chunked fused Newton for any cell (the public wrappers document the arguments).
+
+    With segments, every segment first runs from a guessed start state, then the start states
+    are corrected by one Newton step on the boundaries (:func:`_corrected_starts`) and segments
+    1.. rerun warm-started, until the boundary mismatch is ``<= tol`` or
+    :data:`MAX_SEGMENT_PASSES` passes ran (one host sync per correction pass).
+    """
+    batch, steps, channels = check_layer(spec, u, weights, h0)
+    if not isinstance(max_iters, int) or max_iters < 1:
+        raise ValueError(f"max_iters must be an int >= 1, got {max_iters!r}")
+    tol = FUSED_DEFAULT_TOL if tol is None else float(tol)
+    plan = plan or plan_fused(spec, batch, steps, channels, u.device)
+    u = u.contiguous()
+    rows = _stacked(weights)
+    dev = u.device
+    k = spec.k
+    n_d = math.ceil(channels / plan.block_d)
+    segments = min(plan.segments, math.ceil(steps / plan.block_t))
+    seg_len = math.ceil(math.ceil(steps / segments) / plan.block_t) * plan.block_t
+    segments = math.ceil(steps / seg_len)
+    hist_len = _next_power_of_2(max_iters + 2)
+
+    tail = spec.state_tail(channels)
+    starts = torch.empty(segments, batch, *tail, device=dev, dtype=torch.float32)
+    if h0 is None:
+        starts[0] = spec.empty_state((batch,), channels, dev, torch.float32)
+    else:
+        starts[0] = h0.float()
+    if segments > 1:
+        seg_t = torch.arange(1, segments, device=dev) * seg_len
+        starts[1:] = _segment_guess(spec, u, rows, seg_t, channels, initial_guess == "step")
+    out = torch.empty(batch, steps, *tail, device=dev, dtype=u.dtype)
+    ends = torch.empty_like(starts)
+    jac_tail = () if k == 1 else (k, k)
+    jprod = torch.empty(segments, batch, channels, *jac_tail, device=dev, dtype=torch.float32)
+    kernel = _kernel(spec, "newton")
+    hists: list[Tensor] = []
+    all_iters: list[Tensor] = []
+
+    def run_pass(first: int, guess: int) -> None:
+        ran = segments - first
+        hist = torch.empty(ran * batch * n_d, hist_len, device=dev, dtype=torch.float32)
+        iters = torch.empty(ran * batch * n_d, device=dev, dtype=torch.int32)
+        kernel[(n_d, batch, ran)](
+            u,
+            rows,
+            starts,
+            out,
+            ends,
+            jprod,
+            hist,
+            iters,
+            steps,
+            channels,
+            seg_len,
+            first,
+            tol,
+            float(omega),
+            MAX_ITERS=max_iters,
+            GUESS=guess,
+            NEED_JPROD=segments > 1,
+            HIST=hist_len,
+            BLOCK_T=plan.block_t,
+            BLOCK_D=plan.block_d,
+            num_warps=plan.num_warps,
+        )
+        hists.append(hist)
+        all_iters.append(iters)
+
+    run_pass(0, 1 if initial_guess == "step" else 0)
+    passes = 1
+    mismatch = torch.zeros((), device=dev)
+    while segments > 1:
+        # The correction pass warm-starts from the states it has (GUESS=2).
+        starts = _corrected_starts(spec, starts, ends, jprod)
+        run_pass(1, 2)
+        passes += 1
+        mismatch = (ends[:-1] - starts[1:]).abs().amax()
+        # One host sync per correction pass (the first correction needs none before it).
+        gap = float(mismatch)
+        if not math.isfinite(gap) or gap <= tol or passes >= MAX_SEGMENT_PASSES:
+            break
+
+    # Everything the stats need, read back in one sync.
+    hist_all = torch.cat(hists)
+    per_iter = hist_all[:, : max_iters + 1].amax(dim=0)
+    summary = torch.cat(
+        [
+            per_iter,
+            hist_all[:, -1].amax().unsqueeze(0),
+            mismatch.float().unsqueeze(0),
+            torch.cat(all_iters).amax().float().unsqueeze(0),
+        ]
+    ).tolist()
+    most = int(summary[-1])
+    residuals = tuple(float(v) for v in summary[: most + 1])
+    stopped, gap_end = summary[max_iters + 1], summary[max_iters + 2]
+    worst = max(stopped, gap_end)
+    if any(not math.isfinite(v) for v in (*residuals, stopped, gap_end)):
+        worst = math.inf
+    return FusedNewtonResult(out, most, residuals, worst, passes, plan)
+
+
+def backward(
+    spec: CellSpec,
+    u: Tensor,
+    weights: Sequence[Tensor],
+    h0: Tensor | None,
+    states: Tensor,
+    grad_states: Tensor,
+    *,
+    block_t: int | None,
+    block_d: int | None,
+    num_warps: int,
+) -> tuple[Tensor, Tensor, list[Tensor]]:
+    """Eq. 2.6 backward for any cell: ``grad_u``, ``grad_h0`` and one gradient per parameter."""
+    batch, steps, channels = check_layer(spec, u, weights, h0)
+    for name, tensor in (("states", states), ("grad_states", grad_states)):
+        _check_states(spec, name, tensor, batch, steps, channels)
+    # The fastest measured GRU tiles: long and narrow while B·D is small (few programs walk long
+    # sequences), spec.backward_block_t x 8 otherwise; the block cells keep their defaults.
+    narrow = spec.k == 1 and batch * channels <= 2**10
+    block_t = block_t or (512 if narrow else spec.backward_block_t)
+    block_d = block_d or min(
+        4 if narrow else (8 if spec.k == 1 else 16), _next_power_of_2(channels)
+    )
+    n_d = math.ceil(channels / block_d)
+    dev = u.device
+    u = u.contiguous()
+    if h0 is None:
+        h0 = spec.empty_state((batch,), channels, dev, u.dtype)
+    grad_u = torch.empty_like(u)
+    grad_h0 = torch.empty(batch, *spec.state_tail(channels), device=dev, dtype=u.dtype)
+    n_rows = spec.rows
+    partial = torch.empty(batch, n_d, n_rows, block_d, device=dev, dtype=torch.float32)
+    _kernel(spec, "backward")[(n_d, batch)](
+        u,
+        _stacked(weights),
+        h0.contiguous(),
+        states.contiguous(),
+        grad_states.contiguous(),
+        grad_u,
+        grad_h0,
+        partial,
+        steps,
+        channels,
+        BLOCK_T=block_t,
+        BLOCK_D=block_d,
+        num_warps=num_warps,
+    )
+    # Per-program partials summed over the batch in a fixed order: bit-identical on repeat.
+    summed = partial.permute(2, 0, 1, 3).reshape(n_rows, batch, n_d * block_d)[..., :channels]
+    summed = summed.sum(dim=1)
+    grads = [
+        g.to(w.dtype)
+        for g, w in zip(
+            torch.split(summed, [len(names) for _name, names in spec.weights]),
+            weights,
+            strict=True,
+        )
+    ]
+    return grad_u, grad_h0, grads
+
+
+def sequential(
+    spec: CellSpec,
+    u: Tensor,
+    weights: Sequence[Tensor],
+    h0: Tensor | None,
+    *,
+    block_d: int | None,
+    rows: int | None = None,
+    num_warps: int | None = None,
+) -> Tensor:
+    """The recurrence one step at a time in one kernel, for any cell (:func:`sequential_plan`)."""
+    batch, steps, channels = check_layer(spec, u, weights, h0)
+    dev = u.device
+    auto_d, auto_rows, auto_warps = sequential_plan(spec, batch, channels)
+    block_d = block_d or auto_d
+    num_warps = num_warps or auto_warps
+    extra: dict[str, int] = {}
+    if spec.sequential_rows:
+        extra["ROWS"] = rows or auto_rows
+    elif rows not in (None, 1):
+        raise ValueError(
+            f"the {spec.name} sequential kernel walks one step per load; got rows={rows}"
+        )
+    if h0 is None:
+        h0 = spec.empty_state((batch,), channels, dev, u.dtype)
+    out = torch.empty(batch, steps, *spec.state_tail(channels), device=dev, dtype=u.dtype)
+    _kernel(spec, "sequential")[(math.ceil(channels / block_d), batch)](
+        u.contiguous(),
+        _stacked(weights),
+        h0.contiguous(),
+        out,
+        steps,
+        channels,
+        BLOCK_D=block_d,
+        num_warps=num_warps,
+        **extra,
+    )
+    return out
+
+
+def reference_sequential(
+    spec: CellSpec, u: Tensor, weights: Sequence[Tensor], h0: Tensor | None
+) -> Tensor:
+    """Pure-torch recurrence in ``u``'s dtype on any device, differentiable by autograd."""
+    batch, _steps, width = u.shape
+    channels = width // len(spec.gates)
+    rows = weights[0] if len(weights) == 1 else torch.cat(list(weights))
+    state = spec.empty_state((batch,), channels, u.device, u.dtype) if h0 is None else h0
+    out = []
+    for u_t in u.unbind(1):
+        state = spec.step(state, u_t, rows)
+        out.append(state)
+    return torch.stack(out, dim=1)

@@ -1,0 +1,232 @@
+"""The fused ParaSLSTM(mix="diag") layer: Newton forward, eq. 2.6 backward, sequential kernel.
+
+The cell is ``pararnn_core.ParaSLSTM`` with ``mix="diag"`` in its log-normaliser form (equations
+in :mod:`pararnn_kernels.fused._kernels_slstm`), given by its tensors: ``u [B, T, 4D]``
+(pre-activations ``[u_z, u_i, u_f, u_o]``), ``recurrent_weight [4, D]`` (rows
+``r_z, r_i, r_f, r_o``) and ``h0 [B, D, 3]`` (``[..., 0] = ĉ``, ``[..., 1] = ℓ``,
+``[..., 2] = h``). States are ``[B, T, D, 3]`` in the same layout. ``h0=None`` is the *empty*
+state ``ĉ = h = 0``, ``ℓ =`` :data:`SLSTM_EMPTY_LOG_NORMALISER` (xLSTM's ``n_0 = 0``), as the
+cell's ``initial_state``. Storage float32, float16 or bfloat16; arithmetic in float32. Within a
+chunk and across chunks the states stay float32 on-chip; the stored states (``ℓ`` included) are
+rounded to the storage dtype, and the backward reads them back.
+
+The functions mirror the GRU's (:mod:`.gru`); the Jacobian is a 3x3 block per channel, so the
+on-chip scans run on the pair (3x3 block, 3-vector), twelve tiles, and the segment-boundary
+correction is a block-diagonal scan of the segments' 3x3 Jacobian products.
+"""
+
+from __future__ import annotations
+
+from typing import Final, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ._layer import (
+    CellSpec,
+    FusedNewtonResult,
+    FusedPlan,
+    backward,
+    choose_method,
+    newton,
+    plan_fused,
+    reference_sequential,
+    sequential,
+)
+
+__all__ = [
+    "SLSTM_EMPTY_LOG_NORMALISER",
+    "choose_fused_slstm_method",
+    "fused_slstm_backward",
+    "fused_slstm_newton",
+    "fused_slstm_sequential",
+    "plan_fused_slstm",
+    "reference_slstm_sequential",
+]
+
+#: ``ℓ`` of the empty state, the value of ``pararnn_core.EMPTY_LOG_NORMALISER``: ``exp(ℓ)``
+#: underflows to 0, so the first step gives ``λ = 1`` exactly.
+SLSTM_EMPTY_LOG_NORMALISER: Final = -1.0e4
+
+
+def _slstm_step(state: Tensor, u: Tensor, rows: Tensor) -> Tensor:
+    channels = state.shape[-2]
+    r_z, r_i, r_f, r_o = rows
+    c, ell, h = state[..., 0], state[..., 1], state[..., 2]
+    u_z, u_i, u_f, u_o = torch.split(u, channels, dim=-1)
+    z = torch.tanh(u_z + r_z * h)
+    i_pre = u_i + r_i * h
+    f_pre = u_f + r_f * h
+    o = torch.sigmoid(u_o + r_o * h)
+    ell_new = torch.logaddexp(F.logsigmoid(f_pre) + ell, i_pre)
+    lam = torch.exp(i_pre - ell_new)
+    c_new = c + lam * (z - c)
+    return torch.stack([c_new, ell_new, o * c_new], dim=-1)
+
+
+#: Cost factors against the GRU (estimates from the operation counts, to be replaced by
+#: measurements): a Newton step scans twelve tiles under a 3x3 matrix product (39 multiply-adds
+#: against the GRU's 3) besides about seven transcendentals; a sequential step's dependency
+#: chain holds about five transcendentals (log-sigmoid, logaddexp, exp) against the GRU's two.
+SLSTM: CellSpec = CellSpec(
+    name="sLSTM",
+    gates=("z", "i", "f", "o"),
+    components=("c", "l", "h"),
+    weights=(("recurrent_weight", ("r_z", "r_i", "r_f", "r_o")),),
+    kernels="_kernels_slstm",
+    prefix="slstm",
+    step=_slstm_step,
+    empty=(0.0, SLSTM_EMPTY_LOG_NORMALISER, 0.0),
+    block_t=32,
+    backward_block_t=32,
+    newton_work=5.0,
+    sequential_work=1.5,
+)
+
+
+def plan_fused_slstm(
+    batch: int,
+    steps: int,
+    channels: int,
+    device: torch.device,
+    *,
+    block_t: int | None = None,
+    block_d: int | None = None,
+    segments: int | None = None,
+    num_warps: int | None = None,
+) -> FusedPlan:
+    """The launch shape of :func:`fused_slstm_newton`; arguments override the model.
+
+    The model of :func:`~pararnn_kernels.fused.plan_fused_gru`, with chunks of 32 steps by
+    default (the twelve-tile scan holds six times the GRU's pair in registers).
+    """
+    return plan_fused(
+        SLSTM,
+        batch,
+        steps,
+        channels,
+        device,
+        block_t=block_t,
+        block_d=block_d,
+        segments=segments,
+        num_warps=num_warps,
+    )
+
+
+def choose_fused_slstm_method(
+    batch: int, steps: int, channels: int, device: torch.device, dtype: torch.dtype
+) -> Literal["newton", "sequential"]:
+    """Fused Newton or the fused sequential kernel for a ``[B, T, D]`` sLSTM layer.
+
+    The GRU's model (:func:`~pararnn_kernels.fused.choose_fused_gru_method`) with the sLSTM's
+    factors: byte floor ``(4 + 3) · B·T·D · size / bandwidth``, the sequential step at 1.5 and
+    the Newton chunk step at 5 times the GRU's (estimates from the operation counts).
+    """
+    return choose_method(SLSTM, batch, steps, channels, device, dtype)
+
+
+def fused_slstm_newton(
+    u: Tensor,
+    recurrent_weight: Tensor,
+    h0: Tensor | None = None,
+    *,
+    max_iters: int = 3,
+    tol: float | None = None,
+    omega: float = 1.0,
+    initial_guess: Literal["step", "initial_state"] = "step",
+    plan: FusedPlan | None = None,
+) -> FusedNewtonResult:
+    """Solve the ParaSLSTM(mix="diag") recurrence by chunked, fused Newton (no autograd graph).
+
+    Args:
+        u: ``[B, T, 4D]`` pre-activations ``[u_z, u_i, u_f, u_o]`` (CUDA, or CPU under
+            ``TRITON_INTERPRET=1``; float32/float16/bfloat16).
+        recurrent_weight: ``[4, D]`` rows ``r_z, r_i, r_f, r_o``.
+        h0: ``[B, D, 3]`` initial ``(ĉ, ℓ, h)``, or None for the empty state.
+        max_iters: Newton updates per chunk at most (``>= 1``).
+        tol: a chunk stops once its max residual (over ``ĉ``, ``ℓ`` and ``h``) is ``<= tol``;
+            None: :data:`~pararnn_kernels.fused.FUSED_DEFAULT_TOL`. With segments, the boundary
+            correction also stops at this mismatch.
+        omega: damping of each update.
+        initial_guess: ``"step"``: one step from the empty state, ``s^0_t = f(s_∅, u_t)``;
+            ``"initial_state"``: the empty state ``s_∅``.
+        plan: launch shape; None asks :func:`plan_fused_slstm`.
+
+    Returns:
+        :class:`~pararnn_kernels.fused.FusedNewtonResult` with ``states [B, T, D, 3]`` in
+        ``u``'s dtype.
+
+    Example:
+        >>> u = torch.randn(2, 100, 4 * 8, device="cuda")
+        >>> fused_slstm_newton(u, 0.25 * torch.randn(4, 8, device="cuda")).states.shape
+        torch.Size([2, 100, 8, 3])
+    """
+    return newton(
+        SLSTM,
+        u,
+        (recurrent_weight,),
+        h0,
+        max_iters=max_iters,
+        tol=tol,
+        omega=omega,
+        initial_guess=initial_guess,
+        plan=plan,
+    )
+
+
+def fused_slstm_backward(
+    u: Tensor,
+    recurrent_weight: Tensor,
+    h0: Tensor | None,
+    states: Tensor,
+    grad_states: Tensor,
+    *,
+    block_t: int | None = None,
+    block_d: int | None = None,
+    num_warps: int = 4,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Eq. 2.6 backward of the ParaSLSTM(mix="diag") layer in one fused reverse pass.
+
+    Args:
+        u: ``[B, T, 4D]``; recurrent_weight ``[4, D]``; h0 ``[B, D, 3]`` or None (empty state);
+        states: ``[B, T, D, 3]`` the converged forward states.
+        grad_states: ``[B, T, D, 3]`` ``∂L/∂states`` (any strides).
+        block_t: steps per chunk (None: 32); block_d: channels per program (None: up to 16).
+
+    Returns:
+        ``grad_u [B, T, 4D]`` (u's dtype), ``grad_h0 [B, D, 3]`` (u's dtype),
+        ``grad_recurrent_weight [4, D]`` (its dtype). Deterministic: no atomics, partial sums
+        added in a fixed order.
+    """
+    grad_u, grad_h0, (grad_w,) = backward(
+        SLSTM,
+        u,
+        (recurrent_weight,),
+        h0,
+        states,
+        grad_states,
+        block_t=block_t,
+        block_d=block_d,
+        num_warps=num_warps,
+    )
+    return grad_u, grad_h0, grad_w
+
+
+def fused_slstm_sequential(
+    u: Tensor, recurrent_weight: Tensor, h0: Tensor | None = None, *, block_d: int | None = None
+) -> Tensor:
+    """The ParaSLSTM recurrence one step at a time in one kernel: ``u [B, T, 4D]`` ->
+    ``[B, T, D, 3]``; ``block_d`` as in :func:`~pararnn_kernels.fused.fused_gru_sequential`."""
+    return sequential(SLSTM, u, (recurrent_weight,), h0, block_d=block_d)
+
+
+def reference_slstm_sequential(
+    u: Tensor, recurrent_weight: Tensor, h0: Tensor | None = None
+) -> Tensor:
+    """Pure-torch ParaSLSTM recurrence (the oracle): ``u [B, T, 4D]`` -> ``[B, T, D, 3]``.
+
+    Runs in ``u``'s dtype on any device and is differentiable by autograd; ``h0=None`` is the
+    empty state.
+    """
+    return reference_sequential(SLSTM, u, (recurrent_weight,), h0)

@@ -1,0 +1,332 @@
+"""The fused ParaLSTM and ParaSLSTM kernels against the float64 step loop: forward, every gradient.
+
+Each kernel (Newton, sequential, backward) is compared with the pure-torch recurrence in float64
+and autograd through it. CPU cases run the kernels in the Triton interpreter at small sizes, with
+small chunks so that a sequence spans several chunks and segments; ``cuda`` cases run the
+compiled kernels at real sizes. Every state component, every gate block of ``∂L/∂u`` and every
+parameter gradient is checked on its own scale.
+
+Tolerances: float32 ≤ 1e-5 relative to the largest reference value; bfloat16 storage ≤ 3e-2,
+as for the GRU (bf16 rounds each input and stored state to 8 mantissa bits; the backward reads
+the stored states back, for the sLSTM its log-normaliser ℓ too). Measured in the interpreter
+at B=2, T=512, D=16: bf16 errors ≤ 8e-3 for both cells, states and every gradient.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import torch
+from torch import Tensor
+
+from pararnn_kernels.fused import (
+    SLSTM_EMPTY_LOG_NORMALISER,
+    FusedPlan,
+    choose_fused_lstm_method,
+    choose_fused_slstm_method,
+    fused_lstm_backward,
+    fused_lstm_newton,
+    fused_lstm_sequential,
+    fused_slstm_backward,
+    fused_slstm_newton,
+    fused_slstm_sequential,
+    plan_fused_lstm,
+    plan_fused_slstm,
+    reference_lstm_sequential,
+    reference_slstm_sequential,
+)
+from pararnn_kernels.testing import assert_close
+
+from .conftest import needs_cuda, needs_interpreter
+
+F32_TOL = 1e-5
+BF16_TOL = 3e-2
+
+
+@dataclass(frozen=True)
+class BlockCell:
+    """One block cell's fused functions and how to draw a layer for it."""
+
+    name: str
+    k: int
+    gates: tuple[str, ...]
+    weight_rows: tuple[int, ...]
+    newton: Callable[..., Any]
+    backward: Callable[..., tuple[Tensor, ...]]
+    sequential: Callable[..., Tensor]
+    reference: Callable[..., Tensor]
+    plan: Callable[..., FusedPlan]
+    choose: Callable[..., str]
+    empty: tuple[float, ...]
+
+    def layer(self, batch: int, steps: int, channels: int, device: str):
+        """``u``, the recurrent parameters and a non-trivial ``h0``, like the cell's init."""
+        u = torch.randn(batch, steps, len(self.gates) * channels, device=device)
+        if self.name == "slstm":
+            # ParaSLSTM's init: nn.Linear of unit-variance inputs (variance 1/3), forget bias
+            # -2, input gate at half scale. (At unit variance 3 Newton updates per chunk leave
+            # ~1e-5; the LSTM is tested at unit variance.)
+            u /= 3**0.5
+            u[..., 2 * channels : 3 * channels] -= 2.0
+            u[..., channels : 2 * channels] *= 0.5
+        weights = [
+            0.25 * (2 * torch.rand(r, channels, device=device) - 1) for r in self.weight_rows
+        ]
+        h0 = (0.5 * torch.randn(batch, channels, self.k, device=device)).clamp(-1, 1)
+        if self.name == "slstm":
+            h0[..., 1] = torch.randn(batch, channels, device=device)  # a finite log-normaliser
+        return u, weights, h0
+
+    def empty_state(self, batch: int, channels: int, like: Tensor) -> Tensor:
+        state = torch.zeros(batch, channels, self.k, device=like.device, dtype=like.dtype)
+        for j, value in enumerate(self.empty):
+            state[..., j] = value
+        return state
+
+
+LSTM = BlockCell(
+    "lstm",
+    2,
+    ("f", "z", "o"),
+    (3, 2),
+    fused_lstm_newton,
+    fused_lstm_backward,
+    fused_lstm_sequential,
+    reference_lstm_sequential,
+    plan_fused_lstm,
+    choose_fused_lstm_method,
+    (0.0, 0.0),
+)
+SLSTM = BlockCell(
+    "slstm",
+    3,
+    ("z", "i", "f", "o"),
+    (4,),
+    fused_slstm_newton,
+    fused_slstm_backward,
+    fused_slstm_sequential,
+    reference_slstm_sequential,
+    plan_fused_slstm,
+    choose_fused_slstm_method,
+    (0.0, SLSTM_EMPTY_LOG_NORMALISER, 0.0),
+)
+CELLS = [pytest.param(LSTM, id="lstm"), pytest.param(SLSTM, id="slstm")]
+
+
+def _reference(cell: BlockCell, u: Tensor, weights: list[Tensor], h0: Tensor | None, grad):
+    """float64 states and the gradients of ``<grad, states>`` by autograd through the loop."""
+    u64 = u.detach().double().requires_grad_()
+    w64 = [w.detach().double().requires_grad_() for w in weights]
+    start = h0 if h0 is not None else cell.empty_state(u.shape[0], weights[0].shape[1], u)
+    h64 = start.detach().double().requires_grad_()
+    states = cell.reference(u64, *w64, h64)
+    g_u, g_h, *g_w = torch.autograd.grad(states, (u64, h64, *w64), grad.double())
+    return states.detach(), g_u, g_h, g_w
+
+
+def _check_states(cell: BlockCell, got: Tensor, ref: Tensor, tol: float, label: str) -> None:
+    for j in range(cell.k):
+        assert_close(got[..., j], ref[..., j], tol=tol, name=f"{label} component {j}")
+
+
+def _check_layer(cell, u, weights, h0, plan, tol, label, *, backward_block_t=None, **newton_kw):
+    channels = weights[0].shape[1]
+    grad = torch.randn(u.shape[0], u.shape[1], channels, cell.k, device=u.device)
+    ref_states, ref_gu, ref_gh, ref_gw = _reference(cell, u, weights, h0, grad)
+    low_u = u.to(torch.bfloat16) if tol != F32_TOL else u
+    result = cell.newton(low_u, *weights, h0, plan=plan, **newton_kw)
+    assert result.states.dtype == low_u.dtype
+    assert result.states.shape == ref_states.shape
+    _check_states(cell, result.states, ref_states, tol, f"states {label}")
+    assert len(result.residuals) == result.iters + 1
+    if tol == F32_TOL:
+        assert result.max_residual <= 1e-5, f"{label}: stopped at residual {result.max_residual}"
+    sequential = cell.sequential(low_u, *weights, h0)
+    _check_states(cell, sequential, ref_states, tol, f"sequential {label}")
+    g_u, g_h, *g_w = cell.backward(
+        low_u, *weights, h0, ref_states.to(low_u.dtype), grad, block_t=backward_block_t
+    )
+    assert g_u.shape == ref_gu.shape and g_h.shape == ref_gh.shape
+    for i, gate in enumerate(cell.gates):
+        block = slice(i * channels, (i + 1) * channels)
+        assert_close(g_u[..., block], ref_gu[..., block], tol=tol, name=f"grad u_{gate} {label}")
+    _check_states(cell, g_h, ref_gh, tol, f"grad h0 {label}")
+    for i, (got, ref) in enumerate(zip(g_w, ref_gw, strict=True)):
+        assert got.dtype == weights[i].dtype
+        assert_close(got, ref, tol=tol, name=f"grad parameter {i} {label}")
+
+
+@needs_interpreter
+@pytest.mark.parametrize("cell", CELLS)
+@pytest.mark.parametrize("segments", [1, 3])
+@pytest.mark.parametrize("steps", [1, 17, 63])
+@pytest.mark.parametrize("with_h0", [True, False], ids=["h0", "empty-h0"])
+def test_fused_block_cell_in_interpreter(poisoned, cell, steps, segments, with_h0):
+    u, weights, h0 = cell.layer(2, steps, 5, "cpu")
+    plan = FusedPlan(block_t=16, block_d=4, segments=segments)
+    _check_layer(
+        cell,
+        u,
+        weights,
+        h0 if with_h0 else None,
+        plan,
+        F32_TOL,
+        f"{cell.name} T={steps} S={segments}",
+        backward_block_t=16,
+    )
+
+
+@needs_interpreter
+@pytest.mark.parametrize("cell", CELLS)
+def test_fused_block_cell_initial_state_guess_in_interpreter(poisoned, cell):
+    # "initial_state" starts Newton (and the segment guesses) from the empty state, which for
+    # the sLSTM is ℓ = -1e4 rather than zeros: a first residual of ~1e4 that Newton removes.
+    u, weights, h0 = cell.layer(2, 40, 3, "cpu")
+    plan = FusedPlan(block_t=8, block_d=4, segments=2)
+    _check_layer(
+        cell,
+        u,
+        weights,
+        h0,
+        plan,
+        F32_TOL,
+        f"{cell.name} initial_state",
+        backward_block_t=8,
+        initial_guess="initial_state",
+        max_iters=8,
+    )
+
+
+@needs_interpreter
+@pytest.mark.parametrize("cell", CELLS)
+def test_fused_block_cell_bf16_storage_in_interpreter(poisoned, cell):
+    u, weights, h0 = cell.layer(2, 40, 6, "cpu")
+    plan = FusedPlan(block_t=16, block_d=8)
+    _check_layer(cell, u, weights, h0, plan, BF16_TOL, "bf16", backward_block_t=16)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("cell", CELLS)
+def test_fused_block_cell_reports_nan_as_non_finite(poisoned, cell):
+    u, weights, h0 = cell.layer(1, 20, 4, "cpu")
+    u[0, 7, 2] = float("nan")
+    result = cell.newton(u, *weights, h0, plan=FusedPlan(block_t=16, block_d=4))
+    assert result.max_residual == float("inf")  # a NaN is reported as non-finite, not hidden
+    assert float("inf") in result.residuals
+
+
+@needs_interpreter
+@pytest.mark.parametrize("cell", CELLS)
+def test_fused_block_cell_tolerance_stops_early(poisoned, cell):
+    u, weights, h0 = cell.layer(1, 32, 4, "cpu")
+    plan = FusedPlan(block_t=16, block_d=4)
+    loose = cell.newton(u, *weights, h0, tol=1e-1, plan=plan)
+    tight = cell.newton(u, *weights, h0, max_iters=6, plan=plan)
+    assert loose.iters < tight.iters
+    assert loose.max_residual <= 1e-1 and tight.max_residual <= 1e-5
+
+
+def test_fused_lstm_bad_input_names_the_argument():
+    u, (w, p), h0 = LSTM.layer(2, 8, 4, "cpu")
+    with pytest.raises(ValueError, match=r"u must be \[B, T, 3D\]"):
+        fused_lstm_newton(u[0], w, p, h0)
+    with pytest.raises(ValueError, match=r"u's last axis must be 3D \(gates f, z, o\)"):
+        fused_lstm_newton(u[..., :-1], w, p, h0)
+    with pytest.raises(
+        ValueError, match=r"recurrent_weight must be \[3, D\] = \[3, 4\], got \(3, 5\)"
+    ):
+        fused_lstm_newton(u, torch.zeros(3, 5), p, h0)
+    with pytest.raises(
+        ValueError, match=r"peephole_weight must be \[2, D\] = \[2, 4\], got \(3, 4\)"
+    ):
+        fused_lstm_newton(u, w, torch.zeros(3, 4), h0)
+    with pytest.raises(ValueError, match=r"h0 must be \[B, D, 2\] = \[2, 4, 2\], got \(2, 4\)"):
+        fused_lstm_newton(u, w, p, h0[..., 0])
+    with pytest.raises(ValueError, match=r"float32, float16 or bfloat16; got u of torch\.float64"):
+        fused_lstm_newton(u.double(), w, p, h0)
+    with pytest.raises(ValueError, match="max_iters must be an int >= 1"):
+        fused_lstm_newton(u, w, p, h0, max_iters=0)
+    with pytest.raises(
+        ValueError, match=r"grad_states must be \[B, T, D, 2\] = \[2, 8, 4, 2\], got \(2, 8, 4\)"
+    ):
+        fused_lstm_backward(u, w, p, h0, torch.zeros(2, 8, 4, 2), torch.zeros(2, 8, 4))
+
+
+def test_fused_slstm_bad_input_names_the_argument():
+    u, (w,), h0 = SLSTM.layer(2, 8, 4, "cpu")
+    with pytest.raises(ValueError, match=r"u's last axis must be 4D \(gates z, i, f, o\)"):
+        fused_slstm_newton(u[..., :-1], w, h0)
+    with pytest.raises(
+        ValueError, match=r"recurrent_weight must be \[4, D\] = \[4, 4\], got \(3, 4\)"
+    ):
+        fused_slstm_newton(u, w[:3], h0)
+    with pytest.raises(ValueError, match=r"h0 must be \[B, D, 3\] = \[2, 4, 3\], got \(2, 4, 2\)"):
+        fused_slstm_sequential(u, w, h0[..., :2])
+    with pytest.raises(ValueError, match=r"states must be \[B, T, D, 3\]"):
+        fused_slstm_backward(u, w, h0, torch.zeros(2, 8, 4, 2), torch.zeros(2, 8, 4, 3))
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_block_plans_and_cost_models_are_sane(cell, monkeypatch):
+    # The model on an H200-sized device (132 multiprocessors), on CPU tensors.
+    monkeypatch.setattr("pararnn_kernels.fused._layer.multiprocessor_count", lambda device: 132)
+    cpu = torch.device("cpu")
+    assert cell.plan(64, 4096, 1024, cpu).segments == 1  # many programs: no segments
+    assert cell.plan(1, 65536, 16, cpu).segments > 1  # few programs: split time
+    assert cell.plan(1, 100, 16, cpu, block_t=8).block_t == 8
+    with pytest.raises(ValueError, match="segments must be >= 1"):
+        cell.plan(1, 100, 16, cpu, segments=0)
+    # Latency-bound sequential shapes go to Newton; one step has nothing to parallelise.
+    assert cell.choose(8, 4096, 256, cpu, torch.float32) == "newton"
+    assert cell.choose(1, 65536, 256, cpu, torch.float32) == "newton"
+    assert cell.choose(4, 1, 16, cpu, torch.float32) == "sequential"
+
+
+CUDA_SHAPES = [(8, 4096, 256), (8, 16384, 256), (3, 17, 250), (2, 1, 7)]
+
+
+@pytest.mark.cuda
+@needs_cuda
+@pytest.mark.parametrize("cell", CELLS)
+@pytest.mark.parametrize("shape", CUDA_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_fused_block_cell_on_gpu(poisoned, cell, shape):
+    batch, steps, channels = shape
+    u, weights, h0 = cell.layer(batch, steps, channels, "cuda")
+    _check_layer(cell, u, weights, h0, None, F32_TOL, f"cuda {cell.name} {shape}")
+
+
+@pytest.mark.cuda
+@needs_cuda
+@pytest.mark.parametrize("cell", CELLS)
+@pytest.mark.parametrize("segments", [2, 16])
+def test_fused_block_cell_segments_on_gpu(poisoned, cell, segments):
+    u, weights, h0 = cell.layer(2, 20000, 96, "cuda")
+    plan = cell.plan(2, 20000, 96, torch.device("cuda"), segments=segments)
+    _check_layer(cell, u, weights, h0, plan, F32_TOL, f"cuda {cell.name} segments={segments}")
+
+
+@pytest.mark.cuda
+@needs_cuda
+@pytest.mark.parametrize("cell", CELLS)
+def test_fused_block_cell_bf16_on_gpu(poisoned, cell):
+    if not torch.cuda.is_bf16_supported():
+        pytest.skip("bfloat16 storage needs compute capability >= 8.0")
+    u, weights, h0 = cell.layer(8, 4096, 256, "cuda")
+    _check_layer(cell, u, weights, h0, None, BF16_TOL, f"cuda {cell.name} bf16")
+
+
+@pytest.mark.cuda
+@needs_cuda
+@pytest.mark.parametrize("cell", CELLS)
+def test_fused_block_cell_backward_is_bitwise_deterministic(cell):
+    u, weights, h0 = cell.layer(8, 8192, 256, "cuda")
+    states = cell.newton(u, *weights, h0).states
+    grad = torch.randn_like(states)
+    first = cell.backward(u, *weights, h0, states, grad)
+    for _ in range(3):
+        again = cell.backward(u, *weights, h0, states, grad)
+        for a, b in zip(first, again, strict=True):
+            assert torch.equal(a, b)
