@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import torch
 from torch import Tensor
@@ -136,9 +136,17 @@ def _require_kernels(cell: ParaCell, what: str, instead: str) -> _CellKernels:
     return kernels
 
 
+#: Cells whose fused kernels ``"auto"`` and the eval path pick by themselves: those whose kernels
+#: have passed their CUDA tests and been benchmarked on a GPU. The ParaLSTM and ParaSLSTM kernels
+#: have run in the Triton interpreter only so far; ``scan_backend="fused"`` and
+#: ``fused_sequential_apply`` run them when asked.
+AUTO_FUSED_CELLS: Final[tuple[type[ParaCell], ...]] = (ParaGRU,)
+
+
 def fused_kernels_apply(cell: ParaCell, u: Tensor) -> bool:
-    """Whether the fused kernels serve ``cell`` on CUDA tensors like ``u`` (device and dtype)."""
-    if not has_fused_kernels(cell):
+    """Whether ``"auto"`` (and ``.eval()``) run the fused kernels for ``cell`` on tensors like
+    ``u``: a cell of :data:`AUTO_FUSED_CELLS`, CUDA, a supported dtype."""
+    if not has_fused_kernels(cell) or type(cell) not in AUTO_FUSED_CELLS:
         return False
     try:
         check_fused_supported(u)
