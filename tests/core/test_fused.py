@@ -202,3 +202,19 @@ def test_eval_mode_uses_the_fused_sequential_kernel(cls, assert_rel_close):
         y = model(x)
         reference = cell.output(pc.sequential_apply(copy.deepcopy(cell).double(), x.double()))
     assert_rel_close(y, reference, rel=1e-5, what="eval (fused sequential) vs float64 sequential")
+
+
+@needs_interpreter
+def test_fused_fallback_measures_the_residual_it_returns(assert_rel_close):
+    """A threshold below any residual forces the fallback; its stats carry the measured residual."""
+    cell = pc.ParaGRU(3, 5)
+    x = torch.randn(2, 17, 3)
+    config = pc.NewtonConfig(
+        scan_backend="fused", divergence_threshold=1e-30, on_divergence="sequential"
+    )
+    states, stats = pc.newton_apply(cell, x, config=config)
+    assert stats.fallback == "sequential" and not stats.converged
+    assert 0.0 <= stats.max_residual <= 1e-6
+    with torch.no_grad():
+        reference = pc.sequential_apply(copy.deepcopy(cell).double(), x.double())
+    assert_rel_close(states.detach(), reference, rel=1e-5, what="fused fallback states")

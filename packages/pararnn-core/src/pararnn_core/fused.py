@@ -49,7 +49,8 @@ from pararnn_kernels.fused import (
     fused_slstm_sequential,
 )
 
-from ._validation import check_cell, check_sequence, check_state, float_eps
+from ._outcome import conclude_solve
+from ._validation import check_cell, check_sequence, check_state
 from .cells.base import ParaCell
 from .cells.gru import ParaGRU
 from .cells.lstm import ParaLSTM
@@ -261,25 +262,19 @@ def _solve(
         omega=config.omega,
         initial_guess=config.initial_guess,
     )
-    history = result.residuals
-    threshold = config.divergence_threshold
-    worst = result.max_residual
-    diverged = any(not math.isfinite(v) or v > threshold for v in (*history, worst))
-    if not diverged:
-        tol = config.tol if config.tol is not None else math.sqrt(float_eps(u.dtype))
-        return result.states, NewtonStats(result.iters, worst, history, "fused", worst <= tol)
-    where = (
-        f" in a {type(cell).__name__} layer (B={u.shape[0]}, T={u.shape[1]}, scan backend "
-        f"'fused', {result.passes} pass(es))"
+    return conclude_solve(
+        cell,
+        config,
+        u,
+        h0,
+        result.states,
+        iters=result.iters,
+        history=result.residuals,
+        final_residual=result.max_residual,
+        label="fused",
+        recompute=lambda: kernels.sequential(u, *params, h0),
+        detail=f", {result.passes} pass(es)",
     )
-    if config.on_divergence == "raise":
-        raise NewtonDivergenceError(history, threshold, where)
-    states = kernels.sequential(u, *params, h0)
-    if not bool(torch.isfinite(states).all()):
-        raise NewtonDivergenceError(
-            history, threshold, where + "; the sequential recomputation is not finite either"
-        )
-    return states, NewtonStats(result.iters, 0.0, history, "fused", False, fallback="sequential")
 
 
 def fused_newton_apply(

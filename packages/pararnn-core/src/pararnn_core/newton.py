@@ -21,21 +21,17 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from ._validation import check_cell, check_sequence, check_state, float_eps
+from ._outcome import conclude_solve, max_abs, shift_states
+from ._validation import check_cell, check_sequence, check_state
 from .backends import get_scan_backend, resolved_scan_backend_name
 from .cells.base import ParaCell
-from .config import NewtonConfig, NewtonDivergenceError, NewtonStats
+from .config import NewtonConfig, NewtonStats
 from .fused import fused_method, fused_newton_apply
 from .structures import Diag, Structure
 
 __all__ = ["newton_apply", "newton_solve", "sequential_apply", "sequential_solve"]
 
 _DEFAULT_CONFIG = NewtonConfig()
-
-
-def _shift(states: Tensor, h0: Tensor) -> Tensor:
-    """``[h0, h_1, ..., h_{T-1}]``: the state each step consumes. ``[B, T, *S]``."""
-    return torch.cat([h0.unsqueeze(1), states[:, :-1]], dim=1)
 
 
 def _adjoint_jacobian(jac: Tensor, structure: Structure) -> Tensor:
@@ -55,11 +51,6 @@ def sequential_solve(cell: ParaCell, u: Tensor, h0: Tensor) -> Tensor:
         state = cell.step(state, u[:, t])
         states.append(state)
     return torch.stack(states, dim=1)
-
-
-def _max_abs(x: Tensor) -> Tensor:
-    # amax propagates NaN, so a NaN anywhere shows up in the residual.
-    return x.abs().amax().double()
 
 
 def newton_solve(
@@ -95,14 +86,14 @@ def newton_solve(
         residuals: list[Tensor] = []
         iters = 0
         for it in range(config.max_iters + 1):
-            prev = _shift(states, h0)
+            prev = shift_states(states, h0)
             last = it == config.max_iters
             if last:
                 f_val, jac = cell.step(prev, u), None
             else:
                 f_val, jac = cell.step_and_jacobian(prev, u)
             residual = f_val - states
-            residuals.append(_max_abs(residual))
+            residuals.append(max_abs(residual))
             if config.tol is not None:
                 value = residuals[-1].item()  # the host sync that tol costs
                 if not math.isfinite(value) or value > threshold or value <= config.tol:
@@ -113,22 +104,18 @@ def newton_solve(
             states = states + config.omega * delta if config.omega != 1.0 else states + delta
             iters += 1
         history = tuple(float(v) for v in torch.stack(residuals).tolist())
-    diverged = any(not math.isfinite(v) or v > threshold for v in history)
-    if not diverged:
-        tol = config.tol if config.tol is not None else math.sqrt(float_eps(states.dtype))
-        converged = history[-1] <= tol
-        return states, NewtonStats(iters, history[-1], history, label, converged)
-    where = f" in a {type(cell).__name__} layer (B={batch}, T={steps}, scan backend {label!r})"
-    if config.on_divergence == "raise":
-        raise NewtonDivergenceError(history, threshold, where)
-    with torch.no_grad():
-        states = sequential_solve(cell, u, h0)
-        final = _max_abs(cell.step(_shift(states, h0), u) - states).item()
-    if not math.isfinite(final) or not bool(torch.isfinite(states).all()):
-        raise NewtonDivergenceError(
-            history, threshold, where + "; the sequential recomputation is not finite either"
-        )
-    return states, NewtonStats(iters, final, history, label, False, fallback="sequential")
+    return conclude_solve(
+        cell,
+        config,
+        u,
+        h0,
+        states,
+        iters=iters,
+        history=history,
+        final_residual=history[-1],
+        label=label,
+        recompute=lambda: sequential_solve(cell, u, h0),
+    )
 
 
 class _NewtonFunction(torch.autograd.Function):
@@ -160,7 +147,7 @@ class _NewtonFunction(torch.autograd.Function):
         cell: ParaCell = ctx.cell
         structure = cell.structure
         backend = get_scan_backend(ctx.config.scan_backend)
-        prev = _shift(states, h0)
+        prev = shift_states(states, h0)
         jac = cell.jacobian(prev, u)
         mu = backend(
             _adjoint_jacobian(jac, structure),

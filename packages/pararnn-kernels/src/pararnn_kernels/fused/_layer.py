@@ -30,6 +30,7 @@ from ..dispatch import (
     triton_interpret_mode,
 )
 from ..scan import scan_block_diag, scan_diag
+from ..scan.launch import triton_next_power_of_2
 
 __all__ = [
     "FUSED_DEFAULT_TOL",
@@ -166,10 +167,6 @@ class CellSpec:
         return state
 
 
-def _next_power_of_2(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
-
-
 def check_fused_supported(tensor: Tensor, name: str = "u") -> None:
     """Raise unless the fused kernels can run on ``tensor``'s device and dtype.
 
@@ -291,7 +288,7 @@ def plan_fused(
     """The Newton launch shape for ``spec``; the model is in ``plan_fused_gru``'s docstring."""
     wide = batch * channels >= _WIDE
     block_t = block_t or (min(64, spec.block_t) if wide else spec.block_t)
-    block_d = block_d or min(8 if wide else 4, _next_power_of_2(channels))
+    block_d = block_d or min(8 if wide else 4, triton_next_power_of_2(channels))
     if segments is None:
         programs = batch * math.ceil(channels / block_d)
         target = 2 * multiprocessor_count(device)
@@ -310,7 +307,7 @@ def sequential_plan(spec: CellSpec, batch: int, channels: int) -> tuple[int, int
     at a time when B·D fills the GPU (bandwidth-bound). ``rows`` is 0 for kernels that walk one
     step per load (the block cells)."""
     wide = batch * channels >= _WIDE
-    block_d = min(64 if wide else 16, _next_power_of_2(channels))
+    block_d = min(64 if wide else 16, triton_next_power_of_2(channels))
     if not spec.sequential_rows:
         return block_d, 0, max(1, min(4, block_d // 32))
     return block_d, 1 if wide else 4, 2 if wide else 1
@@ -424,7 +421,7 @@ def newton(
     segments = min(plan.segments, math.ceil(steps / plan.block_t))
     seg_len = math.ceil(math.ceil(steps / segments) / plan.block_t) * plan.block_t
     segments = math.ceil(steps / seg_len)
-    hist_len = _next_power_of_2(max_iters + 2)
+    hist_len = triton_next_power_of_2(max_iters + 2)
 
     tail = spec.state_tail(channels)
     starts = torch.empty(segments, batch, *tail, device=dev, dtype=torch.float32)
@@ -528,7 +525,7 @@ def backward(
     narrow = spec.k == 1 and batch * channels <= 2**10
     block_t = block_t or (512 if narrow else spec.backward_block_t)
     block_d = block_d or min(
-        4 if narrow else (8 if spec.k == 1 else 16), _next_power_of_2(channels)
+        4 if narrow else (8 if spec.k == 1 else 16), triton_next_power_of_2(channels)
     )
     n_d = math.ceil(channels / block_d)
     dev = u.device
