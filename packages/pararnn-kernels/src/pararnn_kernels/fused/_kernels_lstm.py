@@ -172,10 +172,6 @@ def lstm_newton_kernel(
 
         k = 0
         done = 0
-        j00 = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
-        j01 = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
-        j10 = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
-        j11 = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
         while done == 0:
             prev_c = _shift_rows(s_c, before, rows, c)
             prev_h = _shift_rows(s_h, before, rows, h)
@@ -206,6 +202,29 @@ def lstm_newton_kernel(
                 s_c = s_c + omega * d_c
                 s_h = s_h + omega * d_h
                 k += 1
+            elif NEED_JPROD:
+                # Π_t J_t over the chunk (rows past the end are the identity): the last row of
+                # the prefix products, then on the left of the segment's product so far.
+                m00, m01, m10, m11 = tl.associative_scan(
+                    (
+                        tl.where(valid[:, None], j00, 1.0),
+                        tl.where(valid[:, None], j01, 0.0),
+                        tl.where(valid[:, None], j10, 0.0),
+                        tl.where(valid[:, None], j11, 1.0),
+                    ),
+                    0,
+                    _matmul2,
+                )
+                q00, q01, q10, q11 = _matmul2(
+                    q00,
+                    q01,
+                    q10,
+                    q11,
+                    _pick_row(m00, rows, BLOCK_T - 1),
+                    _pick_row(m01, rows, BLOCK_T - 1),
+                    _pick_row(m10, rows, BLOCK_T - 1),
+                    _pick_row(m11, rows, BLOCK_T - 1),
+                )
         most_iters = tl.maximum(most_iters, k)
 
         tl.store(out_ptr + offs_out, s_c.to(out_ptr.dtype.element_ty), mask=mask)
@@ -213,30 +232,6 @@ def lstm_newton_kernel(
         last = tl.minimum(c0 + BLOCK_T, t_end) - 1 - c0
         c = _pick_row(s_c, rows, last)
         h = _pick_row(s_h, rows, last)
-        if NEED_JPROD:
-            # Π_t J_t over the chunk (rows past the end are the identity): the last row of
-            # the prefix products, then on the left of the segment's product so far.
-            m00, m01, m10, m11 = tl.associative_scan(
-                (
-                    tl.where(valid[:, None], j00, 1.0),
-                    tl.where(valid[:, None], j01, 0.0),
-                    tl.where(valid[:, None], j10, 0.0),
-                    tl.where(valid[:, None], j11, 1.0),
-                ),
-                0,
-                _matmul2,
-            )
-            q00, q01, q10, q11 = _matmul2(
-                q00,
-                q01,
-                q10,
-                q11,
-                _pick_row(m00, rows, BLOCK_T - 1),
-                _pick_row(m01, rows, BLOCK_T - 1),
-                _pick_row(m10, rows, BLOCK_T - 1),
-                _pick_row(m11, rows, BLOCK_T - 1),
-            )
-
     tl.store(end_ptr + seg_slot * 2, c, mask=mask_d)
     tl.store(end_ptr + seg_slot * 2 + 1, h, mask=mask_d)
     if NEED_JPROD:

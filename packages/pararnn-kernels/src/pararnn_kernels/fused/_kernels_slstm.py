@@ -220,15 +220,6 @@ def slstm_newton_kernel(
 
         k = 0
         done = 0
-        j00 = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
-        j01 = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
-        j02 = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
-        j10 = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
-        j11 = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
-        j12 = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
-        j20 = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
-        j21 = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
-        j22 = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
         while done == 0:
             prev_c = _shift_rows(s_c, before, rows, c)
             prev_l = _shift_rows(s_l, before, rows, ell)
@@ -260,6 +251,23 @@ def slstm_newton_kernel(
                 s_l = s_l + omega * d_l
                 s_h = s_h + omega * d_h
                 k += 1
+            elif NEED_JPROD:
+                # Π_t J_t over the chunk at the converged states (rows past the end are the
+                # identity): the last row of the prefix products, on the left of the product
+                # so far.
+                m00, m01, m02, m10, m11, m12, m20, m21, m22 = _identity_past_end(
+                    valid, j00, j01, j02, j10, j11, j12, j20, j21, j22
+                )
+                p00, p01, p02, p10, p11, p12, p20, p21, p22 = tl.associative_scan(
+                    (m00, m01, m02, m10, m11, m12, m20, m21, m22), 0, _matmul3
+                )
+                lr = BLOCK_T - 1
+                q00, q01, q02, q10, q11, q12, q20, q21, q22 = _matmul3(
+                    q00, q01, q02, q10, q11, q12, q20, q21, q22,
+                    _pick_row(p00, rows, lr), _pick_row(p01, rows, lr), _pick_row(p02, rows, lr),
+                    _pick_row(p10, rows, lr), _pick_row(p11, rows, lr), _pick_row(p12, rows, lr),
+                    _pick_row(p20, rows, lr), _pick_row(p21, rows, lr), _pick_row(p22, rows, lr),
+                )  # fmt: skip
         most_iters = tl.maximum(most_iters, k)
 
         tl.store(out_ptr + offs_out, s_c.to(out_ptr.dtype.element_ty), mask=mask)
@@ -269,20 +277,6 @@ def slstm_newton_kernel(
         c = _pick_row(s_c, rows, last)
         ell = _pick_row(s_l, rows, last)
         h = _pick_row(s_h, rows, last)
-        if NEED_JPROD:
-            m00, m01, m02, m10, m11, m12, m20, m21, m22 = _identity_past_end(
-                valid, j00, j01, j02, j10, j11, j12, j20, j21, j22
-            )
-            p00, p01, p02, p10, p11, p12, p20, p21, p22 = tl.associative_scan(
-                (m00, m01, m02, m10, m11, m12, m20, m21, m22), 0, _matmul3
-            )
-            lr = BLOCK_T - 1
-            q00, q01, q02, q10, q11, q12, q20, q21, q22 = _matmul3(
-                q00, q01, q02, q10, q11, q12, q20, q21, q22,
-                _pick_row(p00, rows, lr), _pick_row(p01, rows, lr), _pick_row(p02, rows, lr),
-                _pick_row(p10, rows, lr), _pick_row(p11, rows, lr), _pick_row(p12, rows, lr),
-                _pick_row(p20, rows, lr), _pick_row(p21, rows, lr), _pick_row(p22, rows, lr),
-            )  # fmt: skip
 
     tl.store(end_ptr + seg_slot * 3, c, mask=mask_d)
     tl.store(end_ptr + seg_slot * 3 + 1, ell, mask=mask_d)

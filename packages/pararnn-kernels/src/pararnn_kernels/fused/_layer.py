@@ -260,7 +260,8 @@ def _stacked(weights: Sequence[Tensor]) -> Tensor:
 # about NEWTON_CHUNK_S per wave of resident programs, plus NEWTON_FIXED_S per call (launch, the
 # stats read-back); the sequential kernel takes SEQUENTIAL_STEP_S per step per wave and reaches
 # SEQUENTIAL_BW_SHARE of the copy bandwidth when B·D fills the GPU. The block cells scale the
-# two times by their CellSpec work factors (not measured yet).
+# two times by their CellSpec work factors, fitted to pararnn-bench's recurrence-scope times of
+# their fused kernels at B = 8, d = 256, T = 1024-16384 on the same GPU (docs/benchmarks.md).
 NEWTON_CHUNK_S: Final = 7.0e-6
 NEWTON_FIXED_S: Final = 0.35e-3
 SEQUENTIAL_STEP_S: Final = 0.25e-6
