@@ -159,7 +159,6 @@ def test_fused_refuses_float64_naming_the_dtype():
 
 @pytest.mark.parametrize("cls", CELLS)
 def test_auto_on_cpu_keeps_the_unfused_path(cls):
-    assert (pc.ParaGRU,) == pc.fused.AUTO_FUSED_CELLS
     _states, stats = pc.newton_apply(cls(3, 4), torch.randn(2, 8, 3))
     assert stats.backend in ("eager", "triton")
 
@@ -184,10 +183,9 @@ def test_fused_on_gpu(cls, backend, steps, make_state, assert_rel_close):
     _check_fused_layer(cell, x, h0, run, assert_rel_close, label)
     if backend == "fused":
         assert seen[0].backend == "fused"
-    elif cls in pc.fused.AUTO_FUSED_CELLS:
+    else:
+        assert cls in pc.fused.AUTO_FUSED_CELLS
         assert seen[0].backend in ("fused", "fused_sequential")
-    else:  # "auto" keeps the unfused path until the cell's fused kernels are GPU-verified
-        assert seen[0].backend == "triton"
 
 
 @pytest.mark.cuda

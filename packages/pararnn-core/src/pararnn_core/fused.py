@@ -138,10 +138,10 @@ def _require_kernels(cell: ParaCell, what: str, instead: str) -> _CellKernels:
 
 
 #: Cells whose fused kernels ``"auto"`` and the eval path pick by themselves: those whose kernels
-#: have passed their CUDA tests and been benchmarked on a GPU. The ParaLSTM and ParaSLSTM kernels
-#: have run in the Triton interpreter only so far; ``scan_backend="fused"`` and
-#: ``fused_sequential_apply`` run them when asked.
-AUTO_FUSED_CELLS: Final[tuple[type[ParaCell], ...]] = (ParaGRU,)
+#: have passed their CUDA tests and whose cost model was fitted to GPU times (all three built-in
+#: cells with fused kernels). Kept as a tuple so that a cell whose kernels are new can be served
+#: by ``scan_backend="fused"`` before ``"auto"`` picks it.
+AUTO_FUSED_CELLS: Final[tuple[type[ParaCell], ...]] = (ParaGRU, ParaLSTM, ParaSLSTM)
 
 
 def fused_kernels_apply(cell: ParaCell, u: Tensor) -> bool:
