@@ -11,28 +11,41 @@ Command line: ``pararnn-bench --out DIR ...`` or ``python3 -m pararnn_examples.b
     print(format_table(result))
 
 Methods come from a registry (:func:`register_method`); the built-in ones are in
-:mod:`pararnn_examples.bench.methods` and a peer library plugs in the same way.
+:mod:`pararnn_examples.bench.methods`, and the public libraries timed beside ParaRNN
+(accelerated-scan, fla, FlashRNN: the ``bench`` extra) in :mod:`pararnn_examples.bench.peers`,
+registered the same way. The scope ``"scan"`` times ``pararnn_kernels.scan_diag`` against the
+peers' linear scans::
+
+    config = BenchConfig(scopes=("scan",), methods=("scan_diag_triton", "accelerated_scan"))
 """
 
-# Importing the module registers the built-in methods.
+# Importing the modules registers the built-in methods, then the peers'.
 from . import methods as methods
+from . import peers as peers
 from .cases import (
+    CELL_SCOPES,
     CELLS,
     DIRECTIONS,
     DTYPES,
+    SCAN_CELL,
+    SCAN_SHAPES,
     SCOPES,
     BenchConfig,
     Case,
     CaseInputs,
+    ScanInputs,
     Shape,
     grid_shapes,
+    make_scan_inputs,
     parse_shape,
     recurrence_view,
 )
 from .harness import TOLERANCES, BenchRecord, BenchResult, run_bench
-from .measure import copy_bandwidth, floor_bytes, measure
+from .measure import copy_bandwidth, floor_bytes, measure, scan_floor_bytes
+from .peers.base import PeerStatus, peer_statuses
 from .registry import (
     Method,
+    NotComparable,
     Reference,
     Runner,
     get_method,
@@ -52,12 +65,15 @@ from .report import (
 
 __all__ = [
     "CELLS",
+    "CELL_SCOPES",
     "CSV_NAME",
     "DIRECTIONS",
     "DTYPES",
     "JSON_NAME",
     "PLOT_NAME",
     "RECORD_COLUMNS",
+    "SCAN_CELL",
+    "SCAN_SHAPES",
     "SCOPES",
     "TOLERANCES",
     "BenchConfig",
@@ -66,21 +82,27 @@ __all__ = [
     "Case",
     "CaseInputs",
     "Method",
+    "NotComparable",
+    "PeerStatus",
     "Reference",
     "Runner",
+    "ScanInputs",
     "Shape",
     "copy_bandwidth",
     "floor_bytes",
     "format_table",
     "get_method",
     "grid_shapes",
+    "make_scan_inputs",
     "measure",
     "method_names",
     "parse_shape",
+    "peer_statuses",
     "plot_time_vs_steps",
     "recurrence_view",
     "register_method",
     "run_bench",
+    "scan_floor_bytes",
     "unregister_method",
     "write_results",
 ]

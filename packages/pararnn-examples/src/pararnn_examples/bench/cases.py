@@ -10,8 +10,14 @@ and storage dtype, in one *scope*:
   what a user calls, and the only scope in which cuDNN's ``nn.GRU`` / ``nn.LSTM`` (whose input
   projection cannot be left out) is comparable.
 
-Every method of a case gets the same :class:`CaseInputs` (same parameters, same input, same
-cotangent), so the ratios between methods of one run compare like with like.
+The scope ``"scan"`` has no cell: its case (cell name :data:`SCAN_CELL`) is the diagonal linear
+recurrence ``y_t = a_t ⊙ y_{t-1} + b_t`` at one shape ``(B, T, D)`` and dtype, the op inside every
+Newton step (``pararnn_kernels.scan_diag``), timed against the public scans of other libraries.
+Its shapes are :attr:`BenchConfig.scan_shapes` (default :data:`SCAN_SHAPES`).
+
+Every method of a case gets the same :class:`CaseInputs` (or :class:`ScanInputs`): same
+parameters, same input, same cotangent, so the ratios between methods of one run compare like
+with like.
 """
 
 from __future__ import annotations
@@ -26,20 +32,26 @@ from torch import Tensor, nn
 
 import pararnn_core as pc
 
-from .registry import method_names
+from .registry import CELL_SCOPES, SCOPES, get_method, method_names
 
 __all__ = [
     "CELLS",
+    "CELL_SCOPES",
     "DIRECTIONS",
     "DTYPES",
+    "SCAN_CELL",
+    "SCAN_JAC_RANGE",
+    "SCAN_SHAPES",
     "SCOPES",
     "BenchConfig",
     "Case",
     "CaseInputs",
+    "ScanInputs",
     "Shape",
     "default_device",
     "grid_shapes",
     "make_case_inputs",
+    "make_scan_inputs",
     "parse_shape",
     "recurrence_view",
 ]
@@ -56,7 +68,6 @@ CELLS: Final[dict[str, Callable[..., pc.ParaCell]]] = {
     "ParaLSTM": pc.ParaLSTM,
     "ParaSLSTM": pc.ParaSLSTM,
 }
-SCOPES: Final[tuple[str, ...]] = ("recurrence", "layer")
 #: ``fwd``: forward under ``torch.no_grad()``; ``fwd_bwd``: forward, then backward of a fixed
 #: cotangent into the input and every parameter.
 DIRECTIONS: Final[tuple[str, ...]] = ("fwd", "fwd_bwd")
@@ -97,6 +108,23 @@ def grid_shapes(batch: int, width: int, steps: tuple[int, ...] | list[int]) -> t
     return tuple(Shape(batch, t, width) for t in steps)
 
 
+#: The ``cell`` column of the scope ``"scan"`` (its case is the linear recurrence, not a cell).
+SCAN_CELL: Final = "scan_diag"
+#: The scope ``"scan"``'s default shapes ``(B, T, D)``: wide and narrow channels, long sequences,
+#: a large batch and the largest of all (``docs/benchmarks.md``).
+SCAN_SHAPES: Final[tuple[Shape, ...]] = (
+    Shape(8, 4096, 1536),
+    Shape(8, 16384, 256),
+    Shape(1, 65536, 256),
+    Shape(64, 4096, 1024),
+    Shape(8, 65536, 1536),
+)
+#: The multipliers ``a_t`` of the scope ``"scan"`` are drawn uniformly from this range: inside
+#: ``(0, 1)`` as a gate's are, so ``log a_t`` is finite (fla's ``chunk_hgrn`` takes the log-decay
+#: ``g = log a``), with memories from 2 to 100 steps.
+SCAN_JAC_RANGE: Final = (0.5, 0.99)
+
+
 def default_device() -> str:
     """``"cuda"`` when a GPU is visible, else ``"cpu"``."""
     return "cuda" if torch.cuda.is_available() else "cpu"
@@ -119,6 +147,16 @@ def _subset(name: str, values: tuple[str, ...], known: tuple[str, ...]) -> None:
         raise ValueError(f"{name} must be among {list(known)}, got unknown {unknown}")
 
 
+def _check_shapes(name: str, shapes: tuple[Shape, ...]) -> None:
+    if not shapes:
+        raise ValueError(f"{name} must hold at least one (B, T, d) shape, got none")
+    for shape in shapes:
+        if not isinstance(shape, Shape):
+            raise ValueError(f"{name} must hold Shape(batch, steps, width), got {shape!r}")
+        for field_name, value in zip(("batch", "steps", "width"), shape, strict=True):
+            _positive_int(f"shape {field_name}", value)
+
+
 @dataclass(frozen=True)
 class BenchConfig:
     """Everything one harness run does.
@@ -126,10 +164,12 @@ class BenchConfig:
     Attributes:
         cells: cell layers to time (keys of :data:`CELLS`).
         methods: registered method names (:func:`~pararnn_examples.bench.method_names`), in the
-            order of the table.
-        shapes: problem sizes ``(B, T, d)``.
+            order of the table. Each runs in the scopes it serves; every scope must have one.
+        shapes: problem sizes ``(B, T, d)`` of the cell scopes.
         dtypes: storage dtypes (keys of :data:`DTYPES`).
-        scopes: ``"recurrence"`` and/or ``"layer"`` (module docstring).
+        scopes: any of ``"recurrence"``, ``"layer"`` and ``"scan"`` (module docstring); default
+            the two cell scopes.
+        scan_shapes: problem sizes ``(B, T, D)`` of the scope ``"scan"``.
         device: ``"cuda"`` or ``"cpu"``.
         warmup: untimed calls before the timed ones (``>= 1``: the first call compiles kernels).
         repeats: timed calls per case; the median is reported.
@@ -149,7 +189,8 @@ class BenchConfig:
     methods: tuple[str, ...] = field(default_factory=method_names)
     shapes: tuple[Shape, ...] = field(default_factory=_default_shapes)
     dtypes: tuple[str, ...] = ("fp32",)
-    scopes: tuple[str, ...] = SCOPES
+    scopes: tuple[str, ...] = CELL_SCOPES
+    scan_shapes: tuple[Shape, ...] = SCAN_SHAPES
     device: str = field(default_factory=default_device)
     warmup: int = 3
     repeats: int = 10
@@ -166,13 +207,14 @@ class BenchConfig:
         _subset("methods", self.methods, method_names())
         _subset("dtypes", self.dtypes, tuple(DTYPES))
         _subset("scopes", self.scopes, SCOPES)
-        if not self.shapes:
-            raise ValueError("shapes must hold at least one (B, T, d) shape, got none")
-        for shape in self.shapes:
-            if not isinstance(shape, Shape):
-                raise ValueError(f"shapes must hold Shape(batch, steps, width), got {shape!r}")
-            for name, value in zip(("batch", "steps", "width"), shape, strict=True):
-                _positive_int(f"shape {name}", value)
+        for scope in self.scopes:
+            if not any(scope in get_method(m).scopes for m in self.methods):
+                raise ValueError(
+                    f"methods must include one serving scope {scope!r} "
+                    f"(one of {list(method_names(scope))}), got {list(self.methods)}"
+                )
+        _check_shapes("shapes", self.shapes)
+        _check_shapes("scan_shapes", self.scan_shapes)
         if self.device not in ("cuda", "cpu"):
             raise ValueError(f"device must be 'cuda' or 'cpu', got {self.device!r}")
         if self.device == "cuda" and not torch.cuda.is_available():
@@ -202,10 +244,10 @@ class Case:
     """One cell layer at one shape, dtype and scope, on one device.
 
     Attributes:
-        cell: key of :data:`CELLS` (a later peer benchmark may use other names).
+        cell: key of :data:`CELLS`, or :data:`SCAN_CELL` in scope ``"scan"``.
         shape: ``(B, T, d)``.
         dtype: key of :data:`DTYPES`.
-        scope: ``"recurrence"`` or ``"layer"``.
+        scope: ``"recurrence"``, ``"layer"`` or ``"scan"``.
         device: where every tensor of the case lives.
     """
 
@@ -238,6 +280,39 @@ class CaseInputs:
     cell: pc.ParaCell
     inputs: Tensor
     cotangent: Tensor
+
+
+@dataclass(frozen=True)
+class ScanInputs:
+    """The tensors every method of one ``"scan"`` case shares.
+
+    The recurrence is ``y_t = jac_t ⊙ y_{t-1} + rhs_t``, ``y_{-1} = 0`` (``scan_diag``'s). A peer
+    whose layout or parametrisation differs converts these once, in its builder, outside the
+    timed calls.
+
+    Attributes:
+        jac: ``[B, T, D]`` multipliers in :data:`SCAN_JAC_RANGE`, a leaf that requires grad.
+        rhs: ``[B, T, D]`` offsets, a leaf that requires grad.
+        cotangent: ``[B, T, D]``: ``∂L/∂y`` for the forward+backward.
+    """
+
+    jac: Tensor
+    rhs: Tensor
+    cotangent: Tensor
+
+
+def make_scan_inputs(case: Case) -> ScanInputs:
+    """The shared tensors of a ``"scan"`` case, drawn from the current RNG in float32 and rounded
+    to the storage dtype (so every dtype of one run gets the same problem up to rounding)."""
+    batch, steps, width = case.shape
+    low, high = SCAN_JAC_RANGE
+    dtype = case.torch_dtype
+    jac = torch.empty(batch, steps, width, device=case.device).uniform_(low, high)
+    rhs = torch.randn(batch, steps, width, device=case.device)
+    cotangent = torch.randn(batch, steps, width, device=case.device)
+    return ScanInputs(
+        jac.to(dtype).requires_grad_(True), rhs.to(dtype).requires_grad_(True), cotangent.to(dtype)
+    )
 
 
 def recurrence_view(cell: pc.ParaCell) -> pc.ParaCell:

@@ -6,16 +6,23 @@ and reports medians, speed-ups between the methods of the run, the HBM floor (by
 the inputs and one write of the outputs, over the copy bandwidth measured at the start of the
 run) and CUDA peak memory. Scopes: "recurrence" times u [B, T, d_u] -> states (the floor's work,
 projection excluded); "layer" times x [B, T, d] -> states with the input projection, as users call
-it (the only scope with cuDNN). Writes DIR/bench.records.jsonl as records are measured (a run cut
-short keeps what it measured), then DIR/bench.csv, DIR/bench.json, DIR/bench_time_vs_T.png
-and prints a markdown table. Exit status 1 when a case raised an error or a forward output is
-outside its tolerance (the files are written first).
+it (the only scope with cuDNN); "scan" (not run unless asked for) times the linear recurrence
+y_t = a_t * y_{t-1} + b_t alone at the --scan-shape sizes: scan_diag against the peers' scans,
+as a fraction of the copy floor. Peers (accelerated-scan, fla, FlashRNN: the optional
+dependency group pararnn-examples[bench]) are used when they import and skipped, with the reason,
+when not; the first lines of the output say which. Writes DIR/bench.records.jsonl as records
+are measured (a run cut short keeps what it measured), then DIR/bench.csv, DIR/bench.json,
+DIR/bench_time_vs_T.png and prints a markdown table. Exit status 1 when a case raised an error
+or a forward output is outside its tolerance (the files are written first).
 
 Examples:
   pararnn-bench --out bench_out                  # defaults: B=8, d=256, T=1024 4096 16384
   pararnn-bench --out bench_out --shape 64x4096x1024 --shape 1x65536x256
   pararnn-bench --out /tmp/b --quick --device cpu
   python3 -m pararnn_examples.bench --out bench_out --cells ParaGRU --methods newton_unfused cudnn
+  pararnn-bench --out scan_out --scopes scan --dtype fp32 bf16 \\
+      --methods scan_diag_triton accelerated_scan fla_chunk_hgrn
+  pararnn-bench --out layers_out --scopes layer --dtype bf16 fp32 --methods newton_fused flashrnn
 """
 
 from __future__ import annotations
@@ -31,8 +38,10 @@ from pathlib import Path
 import pararnn_core as pc
 
 from .cases import (
+    CELL_SCOPES,
     CELLS,
     DTYPES,
+    SCAN_SHAPES,
     SCOPES,
     BenchConfig,
     Shape,
@@ -42,7 +51,7 @@ from .cases import (
 )
 from .harness import BenchRecord, BenchResult, progress_line, run_bench
 from .registry import get_method, method_names
-from .report import format_table, write_results
+from .report import format_peers, format_table, write_results
 
 __all__ = ["build_parser", "config_from_args", "main"]
 
@@ -57,6 +66,7 @@ class _Sizes:
 
 
 _QUICK = _Sizes(batch=2, width=16, steps=(32, 128), repeats=3, warmup=1)
+_QUICK_SCAN_SHAPES = (Shape(2, 128, 16), Shape(1, 256, 8))
 _NORMAL = _Sizes(batch=8, width=256, steps=(1024, 4096, 16384), repeats=10, warmup=3)
 
 
@@ -92,9 +102,11 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
 
 
 def _epilog() -> str:
-    lines = ["methods:"]
+    lines = ["methods (scope 'scan' or the cell scopes; [peer] = the bench extra):"]
     for name in method_names():
-        lines.append(f"  {name:18s} {get_method(name).summary}")
+        method = get_method(name)
+        peer = " [peer]" if method.peer is not None else ""
+        lines.append(f"  {name:22s} {method.summary}{peer}")
     lines += [
         "",
         "columns (CSV and JSON; see docs/benchmarks.md, 'pararnn-bench'):",
@@ -148,7 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
         choices=list(method_names()),
         default=list(method_names()),
         metavar="METHOD",
-        help="methods to time, in table order (default: all, listed below)",
+        help="methods to time, in table order, each in the scopes it serves (default: all, "
+        "listed below)",
     )
     parser.add_argument(
         "--batch",
@@ -181,6 +194,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="an extra shape beyond the grid, e.g. 64x4096x1024 (repeatable)",
     )
     parser.add_argument(
+        "--scan-shape",
+        type=_shape,
+        action="append",
+        default=[],
+        metavar="BxTxD",
+        help="a shape of scope 'scan' (repeatable; default: "
+        + " ".join(str(s) for s in SCAN_SHAPES)
+        + "; --quick: "
+        + " ".join(str(s) for s in _QUICK_SCAN_SHAPES)
+        + ")",
+    )
+    parser.add_argument(
         "--dtype",
         nargs="+",
         choices=list(DTYPES),
@@ -191,9 +216,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--scopes",
         nargs="+",
         choices=list(SCOPES),
-        default=list(SCOPES),
+        default=list(CELL_SCOPES),
         help="recurrence: u -> states, the floor's work; layer: x -> states with "
-        "the input projection, and cuDNN (default: both)",
+        "the input projection, and cuDNN; scan: the linear recurrence alone, scan_diag "
+        "against the peers' scans (default: recurrence layer)",
     )
     parser.add_argument(
         "--max-seq-steps",
@@ -273,10 +299,12 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     # A GPU's copy must stay far larger than its L2 cache even in a smoke run.
     quick_copy = 16 if args.quick and device == "cpu" else None
     copy_mib = args.copy_mib if args.copy_mib is not None else quick_copy
+    scan_shapes = args.scan_shape or (_QUICK_SCAN_SHAPES if args.quick else SCAN_SHAPES)
     return BenchConfig(
         cells=tuple(args.cells),
         methods=tuple(dict.fromkeys(args.methods)),
         shapes=tuple(dict.fromkeys([*grid_shapes(batch, width, steps), *args.shape])),
+        scan_shapes=tuple(dict.fromkeys(scan_shapes)),
         dtypes=tuple(dict.fromkeys(args.dtype)),
         scopes=tuple(dict.fromkeys(args.scopes)),
         warmup=args.warmup if args.warmup is not None else sizes.warmup,
@@ -334,6 +362,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = run_bench(config, progress=not args.no_progress, on_record=save)
     written = write_results(result, args.out, plot=not args.no_plot)
     print()
+    peers = format_peers(result)
+    if peers:
+        print(peers)
+        print()
     print(format_table(result))
     print()
     env = result.environment

@@ -1,11 +1,22 @@
 """Run the benchmark: every cell x shape x dtype x scope x method x direction, one record each.
 
 Order of work per ``(dtype, shape, cell)``: build the layer's cell and its input ``x [B, T, d]``
-and output cotangent from the run's seed; for each scope build the shared
-:class:`~pararnn_examples.bench.CaseInputs`; for each method check availability, build it, run its
-forward once (a warm-up that also compiles) and compare that output with the float64 reference
-(computed once per reference key and scope, kept on the CPU), then time ``fwd`` and ``fwd_bwd``.
+and output cotangent from the run's seed; for each cell scope build the shared
+:class:`~pararnn_examples.bench.CaseInputs`; for each method serving the scope check availability,
+build it, run its forward once (a warm-up that also compiles) and compare that output with the
+float64 reference (computed once per reference key and scope), then time ``fwd`` and ``fwd_bwd``.
+Then the scope ``"scan"``, per ``(dtype, scan shape)``: the shared
+:class:`~pararnn_examples.bench.ScanInputs` and the same steps for each method serving it.
 Speed-ups are ratios between records of the same cell, scope, shape, dtype and direction.
+
+The check: ``max |out - reference|`` in float64, on the reference's device, one batch entry at a
+time (so the largest cases need no second full-size float64 copy), against
+``tolerance * max(1, max |reference|)``. A method whose model differs (a :class:`NotComparable`
+reference) is checked for its output's shape and finiteness only.
+
+Peers (methods with a :attr:`~pararnn_examples.bench.Method.peer`): the run's first lines and
+its environment (``peers``) say which were used, with their versions, and which were skipped and
+why (:func:`~pararnn_examples.bench.peers.peer_statuses`).
 
 What is recorded instead of raised: NotImplementedError (e.g. ``scan_backend="fused"`` before
 the fused kernels exist), out-of-memory and cuDNN refusals (e.g. ``CUDNN_STATUS_NOT_SUPPORTED``
@@ -28,7 +39,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import torch
 from torch import Tensor
@@ -40,14 +51,25 @@ from .cases import (
     CELLS,
     DIRECTIONS,
     DTYPES,
+    SCAN_CELL,
     BenchConfig,
     Case,
     CaseInputs,
+    ScanInputs,
     Shape,
     make_case_inputs,
+    make_scan_inputs,
 )
-from .measure import Timing, copy_bandwidth, floor_bytes, l2_flush_buffer, measure
-from .registry import Method, Reference, Runner, get_method
+from .measure import (
+    Timing,
+    copy_bandwidth,
+    floor_bytes,
+    l2_flush_buffer,
+    measure,
+    scan_floor_bytes,
+)
+from .peers.base import PeerStatus, peer_statuses
+from .registry import Method, NotComparable, Reference, Runner, get_method
 
 __all__ = [
     "TOLERANCES",
@@ -62,6 +84,8 @@ __all__ = [
 #: ``max_err <= tolerance * max(1, max |reference|)``.
 TOLERANCES: Final[dict[str, float]] = {"fp32": 1e-4, "fp16": 1e-2, "bf16": 6e-2}
 _DEFAULT_COPY_BYTES: Final[dict[str, int]] = {"cuda": 2**32, "cpu": 2**26}
+#: The inputs of one case: a cell scope's or the scope "scan"'s.
+Inputs = CaseInputs | ScanInputs
 _REASON_CHARS: Final = 300
 
 
@@ -167,10 +191,44 @@ def _failure(err: Exception, config: BenchConfig) -> tuple[str, str]:
     return "error", f"{type(err).__name__}: {_one_line(err)}"
 
 
+class _Comparison(NamedTuple):
+    max_err: float
+    finite: bool
+    max_ref: float
+
+
+def _compare(actual: Tensor, expected: Tensor) -> _Comparison:
+    """``max |actual - expected|``, whether ``actual`` is finite and ``max |expected|``, in
+    float64 on ``expected``'s device, one index of the leading dimension at a time."""
+    max_err, finite, max_ref = 0.0, True, 0.0
+    rows = actual.shape[0] if actual.dim() else 1
+    for i in range(rows):
+        a = (actual[i] if actual.dim() else actual).to(expected.device, torch.float64)
+        e = (expected[i] if expected.dim() else expected).to(torch.float64)
+        if not a.numel():
+            continue
+        max_ref = max(max_ref, float(e.abs().max()))
+        if not bool(torch.isfinite(a).all()):
+            finite = False
+            continue
+        max_err = max(max_err, float((a - e).abs().max()))
+    return _Comparison(max_err, finite, max_ref)
+
+
+def _check_not_comparable(out: Tensor, ref: NotComparable) -> _Check:
+    shape = tuple(out.shape)
+    if shape != tuple(ref.shape):
+        return _Check(err_ok=False, reference=ref.kind, note=f"output shape {shape} != {ref.shape}")
+    if not bool(torch.isfinite(out.detach()).all()):
+        return _Check(err_ok=False, reference=ref.kind, note="non-finite forward output")
+    note = f"output finite, shape {list(shape)}"
+    return _Check(reference=ref.kind, note=f"{ref.note}; {note}" if ref.note else note)
+
+
 def _check(
     out: Tensor,
     runner: Runner,
-    references: dict[str, Reference | str],
+    references: dict[str, Reference | NotComparable | str],
     case: Case,
     config: BenchConfig,
 ) -> _Check:
@@ -186,8 +244,10 @@ def _check(
     ref = references[key]
     if isinstance(ref, str):
         return _Check(note=f"not checked, the reference failed: {ref}")
-    expected = ref.value.detach().to("cpu", torch.float64)
-    actual = out.detach().to("cpu", torch.float64)
+    actual = runner.to_reference_layout(out.detach())
+    if isinstance(ref, NotComparable):
+        return _check_not_comparable(actual, ref)
+    expected = ref.value.detach()
     if tuple(actual.shape) != tuple(expected.shape):
         return _Check(
             err_ok=False,
@@ -195,12 +255,11 @@ def _check(
             note=f"output shape {tuple(actual.shape)} != reference {tuple(expected.shape)}",
         )
     rel = runner.tolerance if runner.tolerance is not None else TOLERANCES[case.dtype]
-    scale = max(1.0, float(expected.abs().max())) if expected.numel() else 1.0
-    tol = rel * scale
-    if not bool(torch.isfinite(actual).all()):
+    found = _compare(actual, expected)
+    tol = rel * max(1.0, found.max_ref)
+    if not found.finite:
         return _Check(math.inf, tol, False, ref.kind, "non-finite forward output")
-    max_err = float((actual - expected).abs().max()) if actual.numel() else 0.0
-    return _Check(max_err, tol, max_err <= tol, ref.kind)
+    return _Check(found.max_err, tol, found.max_err <= tol, ref.kind)
 
 
 def _base(case: Case, method: str, direction: str) -> BenchRecord:
@@ -234,20 +293,24 @@ def _timed(
         )
 
 
+def _floor_bytes(case: Case, inputs: Inputs, direction: str) -> int:
+    batch, steps, width = case.shape
+    if isinstance(inputs, ScanInputs):
+        return scan_floor_bytes(batch, steps, width, case.torch_dtype, direction)
+    return floor_bytes(inputs.cell, batch, steps, case.torch_dtype, direction)
+
+
 def _run_method(
-    method: Method,
+    method: Method[Any],
     case: Case,
-    inputs: CaseInputs,
+    inputs: Inputs,
     config: BenchConfig,
-    references: dict[str, Reference | str],
+    references: dict[str, Reference | NotComparable | str],
     bandwidth: float,
     flush: Tensor | None,
 ) -> list[BenchRecord]:
     records = [_base(case, method.name, d) for d in DIRECTIONS]
-    floors = {
-        d: floor_bytes(inputs.cell, case.shape.batch, case.shape.steps, case.torch_dtype, d)
-        for d in DIRECTIONS
-    }
+    floors = {d: _floor_bytes(case, inputs, d) for d in DIRECTIONS}
     for record in records:
         record.floor_bytes = floors[record.direction]
         record.floor_ms = floors[record.direction] / bandwidth * 1e3
@@ -276,9 +339,10 @@ def _run_method(
         "fwd": (runner.forward, first_ms),
         "fwd_bwd": (runner.forward_backward, None),
     }
+    note = "; ".join(n for n in (runner.note, check.note) if n)
     for record in records:
         record.max_err, record.err_tol, record.err_ok = check.max_err, check.err_tol, check.err_ok
-        record.reference, record.note = check.reference, check.note
+        record.reference, record.note = check.reference, note
         if stats is not None:
             record.newton_iters = stats.iters
             record.newton_residual = stats.max_residual
@@ -340,8 +404,11 @@ def _version(distribution: str) -> str | None:
         return None
 
 
-def environment(config: BenchConfig, copy_bytes_per_s: float) -> dict[str, Any]:
-    """Date, versions, device and the measured copy bandwidth: what a table needs beside it."""
+def environment(
+    config: BenchConfig, copy_bytes_per_s: float, peers: list[PeerStatus] | None = None
+) -> dict[str, Any]:
+    """Date, versions (ours and the peers'), device and the measured copy bandwidth: what a table
+    needs beside it."""
     env: dict[str, Any] = {
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "python": platform.python_version(),
@@ -356,6 +423,7 @@ def environment(config: BenchConfig, copy_bytes_per_s: float) -> dict[str, Any]:
         "cuda_matmul_allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
         "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
         "argv": sys.argv,
+        "peers": [p.as_dict() for p in peers or []],
     }
     if config.device == "cuda":
         props = torch.cuda.get_device_properties(config.torch_device)
@@ -418,11 +486,21 @@ def progress_line(record: BenchRecord) -> str:
     return f"{head} {record.median_ms:10.3f} ms (n={record.repeats}){err}{flag}"
 
 
-def _cases(config: BenchConfig) -> Iterator[tuple[str, Shape, str]]:
+def _cell_cases(config: BenchConfig) -> Iterator[tuple[str, Shape, str]]:
     for dtype in config.dtypes:
         for shape in config.shapes:
             for cell in config.cells:
                 yield dtype, shape, cell
+
+
+def _clear_grads(inputs: Inputs) -> None:
+    if isinstance(inputs, ScanInputs):
+        inputs.jac.grad = None
+        inputs.rhs.grad = None
+        return
+    inputs.inputs.grad = None
+    for p in inputs.cell.parameters():
+        p.grad = None
 
 
 def run_bench(
@@ -440,55 +518,72 @@ def run_bench(
             in), e.g. to save it, so a run that is killed half-way loses nothing it measured.
 
     Returns:
-        The :class:`BenchResult`: two records (``fwd``, ``fwd_bwd``) per cell, shape, dtype,
-        scope and method, with speed-ups filled in.
+        The :class:`BenchResult`: two records (``fwd``, ``fwd_bwd``) per case (cell, shape,
+        dtype and cell scope, or scan shape and dtype in scope ``"scan"``) and method serving its
+        scope, with speed-ups filled in.
     """
     device = config.torch_device
     methods = [get_method(name) for name in config.methods]
+    by_scope = {s: [m for m in methods if s in m.scopes] for s in config.scopes}
+    cell_scopes = [s for s in config.scopes if s != "scan"]
     copy_bytes = config.copy_bytes or _DEFAULT_COPY_BYTES[device.type]
     bandwidth = copy_bandwidth(device, copy_bytes)
     _release(device)
-    env = environment(config, bandwidth)
+    peers = peer_statuses([m for m in methods if set(m.scopes) & set(config.scopes)], device)
+    env = environment(config, bandwidth, peers)
     flush = l2_flush_buffer(device)
     units = len(config.dtypes) * len(config.shapes) * len(config.cells)
-    bar = _Progress(units * len(config.scopes) * len(methods), progress)
+    total = units * sum(len(by_scope[s]) for s in cell_scopes)
+    if "scan" in by_scope:
+        total += len(config.dtypes) * len(config.scan_shapes) * len(by_scope["scan"])
+    bar = _Progress(total, progress)
     where = env.get("gpu", config.device)
     bar.write(f"pararnn-bench on {where}: copy bandwidth {bandwidth / 1e9:.0f} GB/s")
+    for status in peers:
+        bar.write(status.line())
     records: list[BenchRecord] = []
-    try:
-        for dtype, shape, cell_name in _cases(config):
-            torch.manual_seed(config.seed)
-            batch, steps, width = shape
-            storage = DTYPES[dtype]
-            # Parameters and inputs are drawn in fp32 and rounded, so every dtype of one run
-            # gets the same problem up to storage precision.
-            layer_cell = CELLS[cell_name](width, width, device=device).to(dtype=storage)
-            x = torch.randn(batch, steps, width, device=device).to(storage)
-            grad_y = torch.randn(batch, steps, width, device=device).to(storage)
-            for scope in config.scopes:
-                case = Case(cell_name, shape, dtype, scope, device)
-                torch.manual_seed(config.seed + 1)
-                inputs = make_case_inputs(case, layer_cell, x, grad_y)
-                references: dict[str, Reference | str] = {}
-                for method in methods:
-                    bar.describe(f"{cell_name} {scope} {shape} {method.name}")
-                    done = _run_method(method, case, inputs, config, references, bandwidth, flush)
-                    for record in done:
-                        records.append(record)
-                        bar.write(progress_line(record))
-                        if on_record is not None:
-                            on_record(record)
-                    if any(r.status != "ok" for r in done):
-                        # The exception's frames held the failed call's tensors until now.
-                        _release(device)
-                    inputs.inputs.grad = None
-                    for p in inputs.cell.parameters():
-                        p.grad = None
-                    bar.advance()
-                del inputs, references
+
+    def run_case(case: Case, inputs: Inputs) -> None:
+        references: dict[str, Reference | NotComparable | str] = {}
+        for method in by_scope[case.scope]:
+            bar.describe(f"{case.cell} {case.scope} {case.shape} {method.name}")
+            done = _run_method(method, case, inputs, config, references, bandwidth, flush)
+            for record in done:
+                records.append(record)
+                bar.write(progress_line(record))
+                if on_record is not None:
+                    on_record(record)
+            if any(r.status != "ok" for r in done):
+                # The exception's frames held the failed call's tensors until now.
                 _release(device)
-            del layer_cell, x, grad_y
-            _release(device)
+            _clear_grads(inputs)
+            bar.advance()
+
+    try:
+        if cell_scopes:
+            for dtype, shape, cell_name in _cell_cases(config):
+                torch.manual_seed(config.seed)
+                batch, steps, width = shape
+                storage = DTYPES[dtype]
+                # Parameters and inputs are drawn in fp32 and rounded, so every dtype of one run
+                # gets the same problem up to storage precision.
+                layer_cell = CELLS[cell_name](width, width, device=device).to(dtype=storage)
+                x = torch.randn(batch, steps, width, device=device).to(storage)
+                grad_y = torch.randn(batch, steps, width, device=device).to(storage)
+                for scope in cell_scopes:
+                    case = Case(cell_name, shape, dtype, scope, device)
+                    torch.manual_seed(config.seed + 1)
+                    run_case(case, make_case_inputs(case, layer_cell, x, grad_y))
+                    _release(device)
+                del layer_cell, x, grad_y
+                _release(device)
+        if "scan" in by_scope:
+            for dtype in config.dtypes:
+                for shape in config.scan_shapes:
+                    case = Case(SCAN_CELL, shape, dtype, "scan", device)
+                    torch.manual_seed(config.seed)
+                    run_case(case, make_scan_inputs(case))
+                    _release(device)
     finally:
         bar.close()
     _add_speedups(records)

@@ -11,6 +11,14 @@ device-to-device copy bandwidth measured in the same run (bytes read plus bytes 
 * ``fwd``: read ``u [B, T, d_u]`` once, write the states ``[B, T, *S]`` once;
 * ``fwd_bwd``: that, plus the backward: read the states, ``u`` and ``∂L/∂states``, write
   ``∂L/∂u`` -- ``3 (d_u + |S|) B T`` elements in all.
+
+Scope ``"scan"`` (:func:`scan_floor_bytes`, ``N = B T D`` elements per tensor), the same count for
+every method:
+
+* ``fwd``: read ``jac`` and ``rhs``, write ``y`` -- ``3 N``;
+* ``fwd_bwd``: that, plus the backward: read ``jac``, ``y`` and ``∂L/∂y``, write ``∂L/∂jac`` and
+  ``∂L/∂rhs`` -- ``8 N`` in all. (The adjoint is the reverse scan ``μ_t = ∂L/∂y_t +
+  jac_{t+1} μ_{t+1}``, ``∂L/∂rhs = μ``, ``∂L/∂jac_t = μ_t y_{t-1}``.)
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ __all__ = [
     "floor_bytes",
     "l2_flush_buffer",
     "measure",
+    "scan_floor_bytes",
     "time_call_ms",
 ]
 
@@ -181,3 +190,21 @@ def floor_bytes(
         raise ValueError(f"direction must be 'fwd' or 'fwd_bwd', got {direction!r}")
     element = torch.empty((), dtype=dtype).element_size()
     return batch * steps * per_step * element
+
+
+#: Tensors of ``B T D`` elements the scan floor moves, per direction (module docstring).
+_SCAN_FLOOR_TENSORS: Final[dict[str, int]] = {"fwd": 3, "fwd_bwd": 8}
+
+
+def scan_floor_bytes(batch: int, steps: int, width: int, dtype: torch.dtype, direction: str) -> int:
+    """Bytes the floor model moves for the linear scan of ``[B, T, D]`` (module docstring).
+
+    Args:
+        batch, steps, width: ``B``, ``T``, ``D``.
+        dtype: the storage dtype (its element size).
+        direction: ``"fwd"`` (``3 B T D`` elements) or ``"fwd_bwd"`` (``8 B T D``).
+    """
+    if direction not in _SCAN_FLOOR_TENSORS:
+        raise ValueError(f"direction must be 'fwd' or 'fwd_bwd', got {direction!r}")
+    element = torch.empty((), dtype=dtype).element_size()
+    return _SCAN_FLOOR_TENSORS[direction] * batch * steps * width * element

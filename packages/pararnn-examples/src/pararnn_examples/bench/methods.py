@@ -7,6 +7,9 @@
 ``sequential_eager``   ``pararnn_core.sequential_apply``: the Python step loop (T <= max_seq_steps)
 ``cudnn``              ``nn.GRU`` (ParaGRU) / ``nn.LSTM`` (ParaLSTM) of the same width, batch_first;
                        CUDA and scope ``"layer"`` only
+``scan_diag_triton``   scope ``"scan"``: ``pararnn_kernels.scan_diag(jac, rhs, backend="triton")``
+                       (CUDA, or the CPU under ``TRITON_INTERPRET=1``)
+``scan_diag_eager``    scope ``"scan"``: the same with ``backend="eager"`` (pure torch, log-depth)
 =====================  ===========================================================================
 
 The ParaRNN methods return the states ``[B, T, *S]`` and are checked against one float64
@@ -15,7 +18,8 @@ reference per case: the sequential recurrence of a float64 copy of the cell on t
 ``max |f(h_{t-1}, u_t) - h_t|`` is at most 1e-10 (a fixed point of the recurrence is its unique
 solution, so the residual check makes it exact to ~1e-9 whatever the solver). cuDNN's output
 ``[B, T, d]`` is checked against a float64 copy of the same ``nn.GRU``/``nn.LSTM`` run by
-PyTorch's native (non-cuDNN) implementation.
+PyTorch's native (non-cuDNN) implementation. The scans of scope ``"scan"`` (ours and the peers')
+are checked against :func:`scan_reference`, the float64 step loop on the same ``jac`` and ``rhs``.
 """
 
 from __future__ import annotations
@@ -28,12 +32,13 @@ import torch
 from torch import Tensor, nn
 
 import pararnn_core as pc
-from pararnn_kernels.dispatch import triton_interpret_mode
+from pararnn_kernels import scan_diag, sequential_scan_diag
+from pararnn_kernels.dispatch import resolve_scan_backend, triton_interpret_mode
 
-from .cases import CELLS, BenchConfig, Case, CaseInputs
+from .cases import CELLS, BenchConfig, Case, CaseInputs, ScanInputs
 from .registry import Method, Reference, Runner, register_method
 
-__all__ = ["FUSED_SEQUENTIAL_NAME", "pararnn_reference"]
+__all__ = ["FUSED_SEQUENTIAL_NAME", "SCAN_REFERENCE_KEY", "pararnn_reference", "scan_reference"]
 
 #: The fused sequential kernel's public name in pararnn_core, looked up at run time:
 #: ``fused_sequential_apply(cell, x, h0=None) -> states [B, T, *S]``.
@@ -82,6 +87,20 @@ def pararnn_reference(cell: pc.ParaCell, inputs: Tensor, config: BenchConfig) ->
             f"{stats.iters} iterations (needs <= {_REFERENCE_TOL:.0e})"
         )
     return Reference(states.cpu(), f"newton_fp64(iters={stats.iters})")
+
+
+#: The reference key every method of scope ``"scan"`` shares (one reference per case).
+SCAN_REFERENCE_KEY: Final = "scan_fp64"
+
+
+def scan_reference(inputs: ScanInputs) -> Reference:
+    """``y [B, T, D]`` in float64: the step loop ``y_t = jac_t y_{t-1} + rhs_t`` on a float64 copy
+    of the case's tensors, on their device (kept there: the check runs there too)."""
+    with torch.no_grad():
+        jac = inputs.jac.detach().to(torch.float64)
+        rhs = inputs.rhs.detach().to(torch.float64)
+        y = sequential_scan_diag(jac, rhs)
+    return Reference(y, "sequential_fp64")
 
 
 def _pararnn_runner(case: Case, inputs: CaseInputs, config: BenchConfig, apply: ApplyFn) -> Runner:
@@ -243,6 +262,37 @@ def _build_cudnn(case: Case, inputs: CaseInputs, config: BenchConfig) -> Runner:
     )
 
 
+def _scan_diag_triton_available(case: Case, config: BenchConfig) -> str | None:
+    try:
+        resolve_scan_backend("triton", case.device, case.torch_dtype)
+    except ValueError as err:
+        return str(err)
+    return None
+
+
+def _scan_diag(backend: str) -> Callable[[Case, ScanInputs, BenchConfig], Runner]:
+    def build(case: Case, inputs: ScanInputs, config: BenchConfig) -> Runner:
+        jac, rhs, cotangent = inputs.jac, inputs.rhs, inputs.cotangent
+
+        def forward() -> Tensor:
+            with torch.no_grad():
+                return scan_diag(jac, rhs, backend=backend)
+
+        def forward_backward() -> None:
+            jac.grad = None
+            rhs.grad = None
+            torch.autograd.backward(scan_diag(jac, rhs, backend=backend), cotangent)
+
+        return Runner(
+            forward,
+            forward_backward,
+            reference=lambda: scan_reference(inputs),
+            reference_key=SCAN_REFERENCE_KEY,
+        )
+
+    return build
+
+
 def _register_builtins() -> None:
     register_method(
         Method(
@@ -281,6 +331,23 @@ def _register_builtins() -> None:
             "nn.GRU / nn.LSTM of the same width, batch_first (CUDA, scope 'layer')",
             _build_cudnn,
             _cudnn_available,
+        )
+    )
+    register_method(
+        Method(
+            "scan_diag_triton",
+            "scope 'scan': pararnn_kernels.scan_diag(jac, rhs, backend='triton')",
+            _scan_diag("triton"),
+            _scan_diag_triton_available,
+            scopes=("scan",),
+        )
+    )
+    register_method(
+        Method(
+            "scan_diag_eager",
+            "scope 'scan': pararnn_kernels.scan_diag(jac, rhs, backend='eager'), pure torch",
+            _scan_diag("eager"),
+            scopes=("scan",),
         )
     )
 

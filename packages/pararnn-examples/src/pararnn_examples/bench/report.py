@@ -24,6 +24,7 @@ from typing import Any, Final, NamedTuple
 
 from .cases import DIRECTIONS, SCOPES
 from .harness import BenchRecord, BenchResult, config_as_dict
+from .peers.base import PeerStatus
 
 __all__ = [
     "CSV_NAME",
@@ -33,6 +34,7 @@ __all__ = [
     "TABLE_BASELINES",
     "PlotOutcome",
     "Written",
+    "format_peers",
     "format_table",
     "plot_time_vs_steps",
     "write_csv",
@@ -47,8 +49,16 @@ PLOT_NAME: Final = "bench_time_vs_T.png"
 RECORD_COLUMNS: Final[tuple[str, ...]] = tuple(
     f.name for f in dataclasses.fields(BenchRecord) if f.name != "speedups"
 )
-#: The methods the table shows speed-ups against (when they are part of the run).
-TABLE_BASELINES: Final[tuple[str, ...]] = ("sequential_fused", "cudnn", "sequential_eager")
+#: The methods the table shows speed-ups against (when the run timed them).
+TABLE_BASELINES: Final[tuple[str, ...]] = (
+    "sequential_fused",
+    "cudnn",
+    "flashrnn",
+    "accelerated_scan",
+    "accelerated_scan_warp",
+    "fla_chunk_hgrn",
+    "sequential_eager",
+)
 
 
 class PlotOutcome(NamedTuple):
@@ -133,14 +143,26 @@ def _order(result: BenchResult) -> list[BenchRecord]:
     return sorted(result.records, key=key)
 
 
+def format_peers(result: BenchResult) -> str:
+    """One line per peer method of the run: used, with the peer's version and the call, or
+    skipped and why (empty when the run has no peer method)."""
+    lines = [
+        PeerStatus(p["method"], p["distribution"], p["version"], p["api"], p["reason"]).line()
+        for p in result.environment.get("peers", [])
+    ]
+    return "\n".join(lines)
+
+
 def format_table(result: BenchResult, *, reason_chars: int = 70) -> str:
     """A markdown table of every record, in the order dtype, cell, direction, scope, shape.
 
-    ``x <method>`` columns are speed-ups against the :data:`TABLE_BASELINES` of the run (the
-    other method's median over this one's); ``% floor`` is ``100 * floor_ms / median_ms``;
-    ``MISMATCH`` marks a forward output outside its tolerance.
+    ``x <method>`` columns are speed-ups against the :data:`TABLE_BASELINES` the run timed (the
+    other method's median over this one's); ``% floor`` is ``100 * floor_ms / median_ms`` (in
+    scope ``"scan"``: the fraction of the copy floor); ``MISMATCH`` marks a forward output
+    outside its tolerance; ``n/c`` in ``max err`` a method of another model, not compared.
     """
-    baselines = [m for m in TABLE_BASELINES if m in result.config.methods]
+    timed = {r.method for r in result.records if r.status == "ok"}
+    baselines = [m for m in TABLE_BASELINES if m in result.config.methods and m in timed]
     head = ["cell", "dtype", "scope", "dir", "B", "T", "d", "method", "ms", "% floor"]
     head += [f"x {m}" for m in baselines]
     head += ["peak MB", "max err", "iters", "note"]
@@ -156,6 +178,8 @@ def format_table(result: BenchResult, *, reason_chars: int = 70) -> str:
             note = note[: reason_chars - 3] + "..."
         peak = "-" if r.peak_bytes is None else f"{r.peak_bytes / 2**20:.0f}"
         err = "-" if r.max_err is None else f"{r.max_err:.1e}"
+        if r.reference.startswith("not comparable"):
+            err = "n/c"
         pct = "-" if r.pct_of_floor is None else f"{r.pct_of_floor:.1f}"
         iters = "-" if r.newton_iters is None else str(r.newton_iters)
         cells = [r.cell, r.dtype, r.scope, r.direction, str(r.batch), str(r.steps), str(r.width)]
@@ -189,10 +213,11 @@ def plot_time_vs_steps(result: BenchResult, path: Path) -> PlotOutcome:
         return PlotOutcome(None, "plot skipped: no record was timed")
     (batch, width), _ = Counter((r.batch, r.width) for r in timed).most_common(1)[0]
     timed = [r for r in timed if (r.batch, r.width) == (batch, width)]
-    cells = [c for c in result.config.cells if any(r.cell == c for r in timed)]
+    names = [*result.config.cells, *sorted({r.cell for r in timed} - set(result.config.cells))]
+    cells = [c for c in names if any(r.cell == c for r in timed)]
     many_dtypes = len({r.dtype for r in timed}) > 1
     colors = {m: f"C{i % 10}" for i, m in enumerate(result.config.methods)}
-    styles = {"recurrence": "-", "layer": "--"}
+    styles = {"recurrence": "-", "layer": "--", "scan": "-."}
     fig, axes = plt.subplots(
         len(cells), len(DIRECTIONS), figsize=(6.0 * len(DIRECTIONS), 3.8 * len(cells)),
         squeeze=False,
