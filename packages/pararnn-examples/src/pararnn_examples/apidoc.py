@@ -23,6 +23,7 @@ and literal blocks (after a line ending in a double colon) become fenced code.
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
 import difflib
 import importlib
@@ -102,7 +103,22 @@ def _fence(lines: Sequence[str], language: str = "") -> list[str]:
         body.pop()
     while body and not body[0]:
         body.pop(0)
-    return [f"```{language}", *body, "```"]
+    return _code("\n".join(body)) if language == "python" else [f"```{language}", *body, "```"]
+
+
+def _code(text: str) -> list[str]:
+    """A fenced block, tagged ``python`` only when the text is *not* valid Python.
+
+    ``ruff format`` reformats valid Python inside Markdown fences tagged ``python`` (quotes, line
+    breaks), and a generated page must stay exactly what this module writes. Signatures
+    (``def f(x: int) -> T`` with no body) and doctests do not parse, so they keep Python
+    highlighting; a block that parses, such as ``NAME = ('a', 'b')``, goes untagged.
+    """
+    try:
+        ast.parse(text)
+    except SyntaxError:
+        return ["```python", *text.splitlines(), "```"]
+    return ["```", *text.splitlines(), "```"]
 
 
 def _items(lines: Sequence[str]) -> list[str]:
@@ -395,10 +411,10 @@ def _render_member(page: _Page, cls: type, name: str, member: object) -> None:
             annotation = inspect.signature(member.fget).return_annotation
             if annotation is not inspect.Signature.empty:
                 returns = f": {_annotation_text(annotation)}"
-        page.add("```python", f"property {name}{returns}", "```", "")
+        page.add(*_code(f"property {name}{returns}"), "")
     else:
         assert callable(member)
-        page.add("```python", _signature_line("def ", name, member, method=True), "```", "")
+        page.add(*_code(_signature_line("def ", name, member, method=True)), "")
     page.paragraph(_markdown(_own_doc(member)))
 
 
@@ -421,7 +437,7 @@ def _render_object(page: _Page, module: types.ModuleType, name: str, obj: object
     if inspect.isclass(obj):
         is_protocol = bool(getattr(obj, "_is_protocol", False))
         if not is_protocol:
-            page.add("```python", _signature_line("class ", name, obj, method=False), "```", "")
+            page.add(*_code(_signature_line("class ", name, obj, method=False)), "")
         kind = "Protocol" if is_protocol else "class"
         if dataclasses.is_dataclass(obj):
             frozen = obj.__dataclass_params__.frozen  # type: ignore[attr-defined]
@@ -433,18 +449,18 @@ def _render_object(page: _Page, module: types.ModuleType, name: str, obj: object
         for member_name, member in _members(obj):
             _render_member(page, obj, member_name, member)
     elif inspect.isfunction(obj) or inspect.isbuiltin(obj):
-        page.add("```python", _signature_line("def ", name, obj, method=False), "```", "")
+        page.add(*_code(_signature_line("def ", name, obj, method=False)), "")
         if defined:
             page.add(f"*function*; defined in `{defined}`.", "")
         page.paragraph(_markdown(_own_doc(obj)))
     elif callable(obj):
         # A callable instance (e.g. a scan backend object): its call signature and its class.
         cls = type(obj)
-        page.add("```python", _signature_line("", name, obj, method=False), "```", "")
+        page.add(*_code(_signature_line("", name, obj, method=False)), "")
         page.add(f"*an instance of `{cls.__name__}`*; defined in `{cls.__module__}`.", "")
         page.paragraph(_source_comment(module, name))
     else:
-        page.add("```python", f"{name} = {_safe_repr(obj)}", "```", "")
+        page.add(*_code(f"{name} = {_safe_repr(obj)}"), "")
         page.paragraph(_source_comment(module, name))
     return anchor
 
