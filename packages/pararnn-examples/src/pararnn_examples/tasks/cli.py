@@ -1,0 +1,111 @@
+"""What the example scripts' command lines share: argument types and the common options.
+
+Argument types raise ``argparse.ArgumentTypeError``, so a bad value ends the script with
+``error: argument --length: expected a positive integer, got '-5'`` -- the option named, the
+expected and the actual value -- before anything runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+import torch
+
+from ..train import configure_threads, pick_device
+
+__all__ = [
+    "add_common_options",
+    "nonnegative_float",
+    "positive_float",
+    "positive_int",
+    "setup_device",
+]
+
+
+def positive_int(text: str) -> int:
+    """An ``int >= 1``."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def nonnegative_int(text: str) -> int:
+    """An ``int >= 0``."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """A finite ``float > 0``."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
+    return value
+
+
+def nonnegative_float(text: str) -> float:
+    """A finite ``float >= 0``."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
+    return value
+
+
+def add_common_options(parser: argparse.ArgumentParser, *, default_seed: int = 0) -> None:
+    """``--seed``, ``--device``, ``--threads``, ``--plot`` and ``--no-progress``."""
+    parser.add_argument(
+        "--seed",
+        type=nonnegative_int,
+        default=default_seed,
+        help=f"seed of the model init and the data (default {default_seed})",
+    )
+    parser.add_argument(
+        "--device",
+        default="auto",
+        help="'auto' (CUDA when a GPU is visible, else CPU), 'cpu', 'cuda' or 'cuda:N' "
+        "(default auto)",
+    )
+    parser.add_argument(
+        "--threads",
+        type=positive_int,
+        default=None,
+        help="CPU threads for torch (default 1: these models are small enough that a second "
+        "thread gains little and stalls when the cores are shared)",
+    )
+    parser.add_argument(
+        "--plot",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="write the loss curve to this PNG (default: no plot)",
+    )
+    parser.add_argument(
+        "--no-progress", action="store_true", help="hide the progress bar (logs, CI)"
+    )
+
+
+def setup_device(parser: argparse.ArgumentParser, args: argparse.Namespace) -> torch.device:
+    """Resolve ``--device`` and set the CPU threads; a bad device ends with a parser error."""
+    try:
+        device = pick_device(args.device)
+    except ValueError as err:
+        parser.error(f"argument --device: {err}")
+    configure_threads(args.threads)
+    return device
