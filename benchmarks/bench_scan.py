@@ -31,6 +31,7 @@ import triton.testing
 from pararnn_kernels.scan import launch
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+METHODS = ("chunked", "lookback", "tiles")
 
 
 def median_ms(fn: Any) -> float:
@@ -85,11 +86,13 @@ def run_grid(
     rows: list[dict[str, Any]] = []
     for dtype_name, dtype in DTYPES.items():
         for b, t, d in shapes(args.quick):
+            if b * t * d < 2**args.min_log2:
+                continue
             jac, rhs = random_inputs(b, t, d, dtype, device)
             nbytes = 3 * jac.numel() * jac.element_size()
             chosen = launch.plan_scan_diag(b, t, d, device, element_size=jac.element_size())
             for reverse in (False, True):
-                for method in ("plan", "chunked", "lookback"):
+                for method in ("plan", *args.grid_methods):
                     kw = {} if method == "plan" else {"method": method}
                     plan = launch.plan_scan_diag(
                         b, t, d, device, element_size=jac.element_size(), **kw
@@ -128,7 +131,28 @@ def run_grid(
     return rows
 
 
-SWEEP_CASES = [(64, 4096, 1024), (8, 65536, 512), (1, 2**20, 256)]
+SWEEP_CASES = [
+    (64, 4096, 1024),
+    (8, 65536, 512),
+    (1, 2**20, 256),
+    (2048, 256, 512),
+]
+# (block_t, block_d, num_warps) of the tile-scan look-back kernel.
+TILES_VARIANTS = [
+    (32, 64, 2),
+    (32, 64, 4),
+    (64, 64, 2),
+    (64, 64, 4),
+    (64, 64, 8),
+    (32, 128, 4),
+    (64, 128, 4),
+    (64, 128, 8),
+    (128, 128, 4),
+    (128, 64, 2),
+    (16, 128, 2),
+    (64, 256, 8),
+]
+# (block_t, rows, block_d, num_warps) of the per-thread-runs look-back kernel.
 LOOKBACK_VARIANTS = [
     (128, 8, 32, 4),
     (256, 8, 32, 4),
@@ -141,25 +165,37 @@ LOOKBACK_VARIANTS = [
 ]
 
 
-def run_sweep(device: torch.device, copy_bw: float) -> list[dict[str, Any]]:
-    """Time look-back tile shapes (block_t, rows, block_d, num_warps) at representative shapes."""
+def run_sweep(
+    device: torch.device, copy_bw: float, methods: tuple[str, ...]
+) -> list[dict[str, Any]]:
+    """Time the look-back launch shapes (both kernels) at representative shapes."""
     rows: list[dict[str, Any]] = []
     for b, t, d in SWEEP_CASES:
         for dtype_name in ("fp32", "bf16"):
             jac, rhs = random_inputs(b, t, d, DTYPES[dtype_name], device)
             nbytes = 3 * jac.numel() * jac.element_size()
-            for block_t, nrows, block_d, num_warps in LOOKBACK_VARIANTS:
-                kw = {
-                    "method": "lookback",
-                    "block_t": block_t,
-                    "rows": nrows,
-                    "block_d": block_d,
-                    "num_warps": num_warps,
-                }
+            variants: list[dict[str, Any]] = [
+                {"method": "lookback", "block_t": bt, "rows": r, "block_d": bd, "num_warps": w}
+                for bt, r, bd, w in LOOKBACK_VARIANTS
+            ]
+            variants = [v for v in variants if v["method"] in methods] + [
+                {"method": "tiles", "block_t": bt, "block_d": bd, "num_warps": w}
+                for bt, bd, w in TILES_VARIANTS
+                if "tiles" in methods
+            ]
+            for kw in variants:
                 fn = functools.partial(launch.triton_scan_diag, jac, rhs, None, reverse=False, **kw)
-                err = check(fn(), jac, rhs, False)
+                y = fn()
+                err = check(y, jac, rhs, False)
                 ms = median_ms(fn)
                 bw = nbytes / (ms * 1e-3)
+                # The adjoint pass reads jac, y and dy and writes drhs and djac: 5 streams.
+                grad_y = torch.randn_like(y)
+                bwd = functools.partial(
+                    launch.triton_scan_diag_backward, jac, y, None, grad_y, reverse=False, **kw
+                )
+                ms_bwd = median_ms(bwd)
+                bw_bwd = 5 / 3 * nbytes / (ms_bwd * 1e-3)
                 rows.append(
                     {
                         "dtype": dtype_name,
@@ -169,11 +205,14 @@ def run_sweep(device: torch.device, copy_bw: float) -> list[dict[str, Any]]:
                         **kw,
                         "ms": ms,
                         "frac_copy_bw": bw / copy_bw,
+                        "ms_bwd": ms_bwd,
+                        "frac_copy_bw_bwd": bw_bwd / copy_bw,
                         "rel_err": err,
                     }
                 )
                 print(
-                    f"sweep {dtype_name} B={b} T={t} D={d} {kw}: {ms:.4f} ms {100 * bw / copy_bw:.1f}% err={err:.1e}",
+                    f"sweep {dtype_name} B={b} T={t} D={d} {kw}: {ms:.4f} ms {100 * bw / copy_bw:.1f}% "
+                    f"backward {ms_bwd:.4f} ms {100 * bw_bwd / copy_bw:.1f}% err={err:.1e}",
                     flush=True,
                 )
     return rows
@@ -196,6 +235,23 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--sweep", action="store_true", help="time look-back tile shapes first")
     parser.add_argument("--no-grid", action="store_true")
+    parser.add_argument(
+        "--min-log2", type=int, default=0, help="grid: only shapes with B·T·D >= 2**MIN_LOG2"
+    )
+    parser.add_argument(
+        "--grid-methods",
+        nargs="*",
+        choices=METHODS,
+        default=list(METHODS),
+        help="launch methods forced beside the plan's choice in the grid",
+    )
+    parser.add_argument(
+        "--sweep-methods",
+        nargs="+",
+        choices=("lookback", "tiles"),
+        default=("lookback", "tiles"),
+        help="look-back kernels whose launch shapes --sweep times",
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_scan.py needs a CUDA GPU")
@@ -212,7 +268,7 @@ def main() -> None:
     meta["copy_GBps"] = copy_bw / 1e9
     print(json.dumps(meta), flush=True)
     if args.sweep:
-        write_csv(args.out / "sweep.csv", run_sweep(device, copy_bw))
+        write_csv(args.out / "sweep.csv", run_sweep(device, copy_bw, tuple(args.sweep_methods)))
     if args.no_grid:
         return
     rows = run_grid(args, device, copy_bw)

@@ -86,8 +86,9 @@ def test_first_step_uses_h0(case: Case) -> None:
         assert y.tolist() == [[[3.0, 1.0]]]
 
 
-# Launch plans that reach every chunk and tile boundary: the chunked single pass and the
-# look-back scan (rows per thread from 2 to a whole tile, one group to many).
+# Launch plans that reach every chunk and tile boundary: the chunked single pass and both
+# look-back scans (rows per thread from 2 to a whole tile, one group to many; tiles scanned
+# across lanes).
 PLANS_SMALL: list[dict[str, object]] = [
     {"method": "chunked", "block_t": 8, "block_d": 4},
     {"method": "chunked", "block_t": 16, "block_d": 8},
@@ -98,6 +99,10 @@ PLANS_SMALL: list[dict[str, object]] = [
     # Tiles 1-3, 5-7, ... never publish an inclusive state: the walk composes monoids.
     {"method": "lookback", "block_t": 8, "rows": 4, "block_d": 4, "inclusive_every": 4},
     {"method": "lookback", "block_t": 4, "rows": 2, "block_d": 8, "inclusive_every": 1000},
+    {"method": "tiles", "block_t": 8, "block_d": 4},
+    {"method": "tiles", "block_t": 16, "block_d": 16},
+    {"method": "tiles", "block_t": 4, "block_d": 8, "inclusive_every": 4},
+    {"method": "tiles", "block_t": 8, "block_d": 4, "inclusive_every": 1000},
 ]
 PLANS_GPU: list[dict[str, object]] = [
     *PLANS_SMALL,
@@ -106,6 +111,9 @@ PLANS_GPU: list[dict[str, object]] = [
     {"method": "lookback"},
     {"method": "lookback", "block_t": 256, "rows": 8, "block_d": 64, "num_warps": 8},
     {"method": "lookback", "block_t": 128, "rows": 4, "block_d": 32},
+    {"method": "tiles"},
+    {"method": "tiles", "block_t": 256, "block_d": 64, "num_warps": 8},
+    {"method": "tiles", "block_t": 64, "block_d": 32, "num_warps": 2},
 ]
 
 
@@ -229,7 +237,7 @@ def test_long_sequences_on_gpu(batch: int, steps: int, channels: int, poisoned: 
 
 @pytest.mark.cuda
 @needs_cuda
-@pytest.mark.parametrize("method", ["chunked", "lookback"])
+@pytest.mark.parametrize("method", ["chunked", "lookback", "tiles"])
 def test_gpu_results_are_bitwise_repeatable(method: str) -> None:
     """The look-back scan's tiles race to publish: any ordering bug shows as a moving result."""
     jac, rhs, h0 = make_inputs(2, 2**17 + 3, 96, dtype=torch.float32, device="cuda", with_h0=True)

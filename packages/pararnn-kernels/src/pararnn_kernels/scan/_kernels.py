@@ -289,6 +289,132 @@ def scan_diag_lookback_kernel(
 
 
 # ----------------------------------------------------------------------------------------------
+# Diagonal scan in one pass with decoupled look-back, each tile scanned across lanes.
+#
+# Same tiles, publication protocol and ticket order as scan_diag_lookback_kernel, but the tile
+# is loaded once and scanned by tl.associative_scan along time (Triton walks the rows each thread
+# holds sequentially, then combines across lanes and warps), so nothing is re-read. The tile's
+# monoid and inclusive state are the scan's last row: the threads holding that row store it
+# (a masked 2-D store) instead of reducing the tile to a vector, and successors read it back.
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _store_last_row(ptr, slots2, x, rows, BLOCK_T: tl.constexpr):
+    tl.store(ptr + slots2, x, mask=(rows == BLOCK_T - 1)[:, None] & (slots2 >= 0))
+
+
+@triton.jit
+def scan_diag_tiles_kernel(
+    jac_ptr,
+    rhs_ptr,
+    h0_ptr,
+    out_ptr,
+    prev_ptr,
+    grad_jac_ptr,
+    agg_a_ptr,
+    agg_b_ptr,
+    incl_ptr,
+    flag_ptr,
+    ticket_ptr,
+    T,
+    D,
+    n_cols_d,
+    n_tiles,
+    HAS_H0: tl.constexpr,
+    REVERSE: tl.constexpr,
+    SHIFT: tl.constexpr,
+    GRAD_JAC: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    INCLUSIVE_EVERY: tl.constexpr,
+):
+    """Grid (n_tiles * B * n_cols_d,): one program per tile of BLOCK_T steps, in ticket order.
+
+    Arguments as for scan_diag_lookback_kernel.
+    """
+    ticket = tl.atomic_add(ticket_ptr, 1)
+    n_cols = tl.num_programs(0) // n_tiles
+    tile = ticket // n_cols
+    col = ticket % n_cols
+    pid_b = col // n_cols_d
+    pid_d = col % n_cols_d
+    offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    lanes = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < D
+    rows = tl.arange(0, BLOCK_T)
+    # Addresses: one 64-bit scalar base per program (the tile's first processing position) and
+    # 32-bit offsets inside the tile, so the per-element address arithmetic stays narrow.
+    p0 = tile * BLOCK_T
+    step = 1
+    if REVERSE:
+        step = -1
+    t_first = _time_index(p0, T, REVERSE)
+    base = (pid_b.to(tl.int64) * T + t_first) * D
+    rel = (rows * step)[:, None] * D + offs_d[None, :]
+    valid = rows < T - p0
+    mask = valid[:, None] & mask_d[None, :]
+    b = tl.load(rhs_ptr + base + rel, mask=mask, other=0.0).to(tl.float32)
+    # SHIFT (the adjoint): the multiplier at position p is jac at position p - 1.
+    a = tl.load(
+        jac_ptr + (base - SHIFT * step * D) + rel,
+        mask=mask & (p0 + rows >= SHIFT)[:, None],
+        other=0.0,
+    ).to(tl.float32)
+    a = tl.where(valid[:, None], a, 1.0)
+    h0 = tl.zeros([BLOCK_D], dtype=tl.float32)
+    if HAS_H0:
+        h0 = tl.load(h0_ptr + pid_b.to(tl.int64) * D + offs_d, mask=mask_d, other=0.0)
+        h0 = h0.to(tl.float32)
+    if GRAD_JAC:
+        # The state the original recurrence consumed: its output one position later, h0 past
+        # the end (as _consumed_state).
+        prev = tl.load(
+            prev_ptr + (base + step * D) + rel, mask=mask & (p0 + rows + 1 < T)[:, None], other=0.0
+        ).to(tl.float32)
+        if HAS_H0:
+            prev = tl.where((p0 + rows + 1 == T)[:, None], h0[None, :], prev)
+    prod, acc = tl.associative_scan((a, b), 0, _combine_diag)
+
+    flags = flag_ptr + col.to(tl.int64) * n_tiles
+    slots = (col.to(tl.int64) * n_tiles) * BLOCK_D + lanes
+    slots2 = slots[None, :] + tile * BLOCK_D + tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.int64)
+    carry = tl.zeros([BLOCK_D], dtype=tl.float32)
+    if tile == 0:
+        if HAS_H0 and not GRAD_JAC:
+            carry = h0
+    else:
+        _store_last_row(agg_a_ptr, slots2, prod, rows, BLOCK_T)
+        _store_last_row(agg_b_ptr, slots2, acc, rows, BLOCK_T)
+        tl.debug_barrier()
+        tl.atomic_xchg(flags + tile, 1, sem="release")
+        run_a = tl.full([BLOCK_D], 1.0, dtype=tl.float32)
+        run_b = tl.zeros([BLOCK_D], dtype=tl.float32)
+        j = tile - 1
+        while j >= 0:
+            flag = tl.atomic_add(flags + j, 0, sem="acquire")
+            if flag == 2:
+                state = tl.load(incl_ptr + slots + j * BLOCK_D, volatile=True)
+                carry = run_a * state + run_b
+                j = -1
+            elif flag == 1:
+                agg_a = tl.load(agg_a_ptr + slots + j * BLOCK_D, volatile=True)
+                agg_b = tl.load(agg_b_ptr + slots + j * BLOCK_D, volatile=True)
+                run_b = run_a * agg_b + run_b
+                run_a = run_a * agg_a
+                j = j - 1
+    y = acc + prod * carry[None, :]
+    if (INCLUSIVE_EVERY == 1) or (tile % INCLUSIVE_EVERY == 0):
+        # INCLUSIVE_EVERY > 1 is the testing knob of scan_diag_lookback_kernel.
+        _store_last_row(incl_ptr, slots2, y, rows, BLOCK_T)
+        tl.debug_barrier()
+        tl.atomic_xchg(flags + tile, 2, sem="release")
+    tl.store(out_ptr + base + rel, y.to(out_ptr.dtype.element_ty), mask=mask)
+    if GRAD_JAC:
+        tl.store(grad_jac_ptr + base + rel, (y * prev).to(grad_jac_ptr.dtype.element_ty), mask=mask)
+
+
+# ----------------------------------------------------------------------------------------------
 # Block-diagonal scan: K <= 4, padded to 4x4 (padded coordinates stay exactly zero).
 # ----------------------------------------------------------------------------------------------
 

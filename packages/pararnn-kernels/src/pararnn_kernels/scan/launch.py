@@ -1,16 +1,21 @@
 """Typed launchers of the Triton scan kernels, and the launch plan that picks among them.
 
-The diagonal scan has two launch shapes; :func:`plan_scan_diag` picks one from (B, T, D, storage
-size, device):
+The diagonal scan has three launch shapes; :func:`plan_scan_diag` picks one from the storage
+size:
 
-* ``"chunked"`` -- one program per (batch, block of channels) walks the whole sequence in
-  chunks; every input is read once and every output written once. Chosen when there are enough
-  channel blocks to fill the GPU.
-* ``"lookback"`` -- one program per (tile of steps, block of channels); tiles get their exact
-  incoming state by decoupled look-back over their predecessors' published monoids. Still one
-  read of every input and one write of every output, and T fills the GPU when B·D cannot.
-  (It replaced a reduce-then-scan split along T, which reads the inputs twice and measured slower
-  at every shape with few channels: docs/benchmarks.md.)
+* ``"tiles"`` -- one program per (tile of steps, block of channels), handed out in order by an
+  atomic ticket; the tile is loaded once and scanned across lanes, and tiles get their exact
+  incoming state by decoupled look-back over their predecessors' published monoids. One read of
+  every input, one write of every output, and T fills the GPU when B·D cannot.
+* ``"lookback"`` -- the same tiles and look-back, but each thread walks a run of consecutive
+  steps sequentially and only the run totals are scanned across lanes (fewer instructions per
+  element, a second read of the tile from cache): the faster one for 2-byte storage.
+* ``"chunked"`` -- one program per (batch, block of channels) walks the whole sequence; it needs
+  B·D large enough to fill the GPU, and the tiles kernel matched or beat it everywhere measured,
+  so only an override (tests, sweeps) picks it.
+
+(A reduce-then-scan split along T, which reads the inputs twice, measured slower than the
+look-back kernels at every shape: docs/benchmarks.md.)
 
 The kernels are imported on first use, so importing this module needs no GPU and compiles nothing.
 """
@@ -24,8 +29,6 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from ..dispatch import multiprocessor_count
-
 __all__ = [
     "DiagScanPlan",
     "ScanMethod",
@@ -36,10 +39,7 @@ __all__ = [
     "triton_scan_diag_backward",
 ]
 
-ScanMethod = Literal["chunked", "lookback"]
-
-# A single chunked pass needs this many channel-block programs per multiprocessor.
-_PROGRAMS_PER_SM = 4
+ScanMethod = Literal["chunked", "lookback", "tiles"]
 
 
 @dataclass(frozen=True)
@@ -47,12 +47,13 @@ class DiagScanPlan:
     """How one diagonal scan is launched.
 
     Attributes:
-        method: ``"chunked"`` or ``"lookback"`` (module docstring).
+        method: ``"tiles"``, ``"lookback"`` or ``"chunked"`` (module docstring).
         block_t: steps per chunk (chunked) or per tile (lookback); a power of two.
         block_d: channels per program (a power of two).
         num_warps: warps per program.
-        rows: lookback only: consecutive steps each thread walks sequentially (divides block_t).
-        inclusive_every: lookback only, a testing knob: only every n-th tile publishes its
+        rows: ``"lookback"`` only: consecutive steps each thread walks sequentially (divides
+            block_t); 1 for the other methods.
+        inclusive_every: look-back kernels only, a testing knob: only every n-th tile publishes its
             inclusive state, so successors must walk back over published monoids (1 = all do).
     """
 
@@ -80,22 +81,30 @@ def plan_scan_diag(
 ) -> DiagScanPlan:
     """Launch plan for a ``[batch, steps, channels]`` diagonal scan; arguments override the model.
 
-    The cost model: a single chunked pass when ``B * ceil(D / 64)`` channel blocks give every
-    multiprocessor ``_PROGRAMS_PER_SM`` programs, the look-back scan otherwise (it fills the GPU
-    along T at the same bytes). Tile shapes are the ones measured and tested on the H200
-    (``docs/benchmarks.md``): look-back tiles of 128 steps (8 per thread) x 32 channels for
-    4-byte storage and x 64 channels for 2-byte storage; chunks of 64 steps x 64 channels.
-    ``steps`` is part of the signature for the cost model; no choice depends on it yet.
+    Both look-back kernels fill the GPU along T as well as along B·D, so one choice serves every
+    shape; what decides is the storage size (H200 sweeps, ``docs/benchmarks.md``):
+
+    * 4-byte storage: ``"tiles"``, 64 steps x 64 channels, 4 warps (80-85 % of the copy
+      bandwidth at B·D >= 2^12, forward and adjoint; the chunked pass peaked at 78-80 %);
+    * 2-byte storage: ``"lookback"``, tiles of 256 steps (4 per thread) x 64 channels -- the
+      element rate, not the bytes, bounds bf16, and per-thread runs spend fewer instructions
+      per element than a scan across lanes.
+
+    ``"chunked"`` is reached only by override. ``batch``, ``steps`` and ``channels`` are part
+    of the signature for the model; no choice depends on them yet. ``device`` is unused by the
+    current choice and kept for capability-dependent models.
     """
+    del device
     if method is None:
-        target = _PROGRAMS_PER_SM * multiprocessor_count(device)
-        wide = batch * math.ceil(channels / 64) >= target
-        method = "chunked" if wide else "lookback"
+        method = "tiles" if element_size >= 4 else "lookback"
+    four_bytes = element_size >= 4
+    if method == "tiles":
+        block_d = block_d or min(64, triton_next_power_of_2(channels))
+        return DiagScanPlan("tiles", block_t or 64, block_d, num_warps or 4, 1, inclusive_every)
     if method == "lookback":
-        four_bytes = element_size >= 4
-        rows = rows or 8
+        rows = rows or (8 if four_bytes else 4)
         block_d = block_d or min(32 if four_bytes else 64, triton_next_power_of_2(channels))
-        block_t = max(block_t or 128, rows)
+        block_t = max(block_t or (128 if four_bytes else 256), rows)
         return DiagScanPlan("lookback", block_t, block_d, num_warps or 4, rows, inclusive_every)
     block_d = block_d or min(64, triton_next_power_of_2(channels))
     return DiagScanPlan("chunked", block_t or 64, block_d, num_warps or 4)
@@ -169,7 +178,13 @@ def _launch_diag_lookback(
     # counter must start at zero, the monoids need no initialisation.
     monoids = torch.empty(3, n_cols, n_tiles, plan.block_d, device=dev, dtype=torch.float32)
     flags = torch.zeros(n_cols * n_tiles + 1, device=dev, dtype=torch.int32)
-    _wrap(_kernels().scan_diag_lookback_kernel)[(n_tiles * n_cols,)](
+    if plan.method == "tiles":
+        kernel = _kernels().scan_diag_tiles_kernel
+        shape = {"BLOCK_T": plan.block_t}
+    else:
+        kernel = _kernels().scan_diag_lookback_kernel
+        shape = {"GROUPS": plan.block_t // plan.rows, "ROWS": plan.rows}
+    _wrap(kernel)[(n_tiles * n_cols,)](
         jac,
         rhs,
         h0 if h0 is not None else out,
@@ -189,16 +204,15 @@ def _launch_diag_lookback(
         REVERSE=reverse,
         SHIFT=shift,
         GRAD_JAC=grad_jac is not None,
-        GROUPS=plan.block_t // plan.rows,
-        ROWS=plan.rows,
         BLOCK_D=plan.block_d,
         INCLUSIVE_EVERY=plan.inclusive_every,
         num_warps=plan.num_warps,
+        **shape,
     )
 
 
 def _launcher(plan: DiagScanPlan) -> Any:
-    return _launch_diag_lookback if plan.method == "lookback" else _launch_diag_chunked
+    return _launch_diag_chunked if plan.method == "chunked" else _launch_diag_lookback
 
 
 def triton_scan_diag(
