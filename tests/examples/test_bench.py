@@ -324,6 +324,24 @@ def test_cli_run_writes_the_files(tmp_path: Path, capsys: pytest.CaptureFixture[
     ]
     assert text.count("ParaLSTM  ") >= len(saved)
 
+    # --replot redraws the figure and the table from the saved records, measuring nothing.
+    replot = tmp_path / "replot"
+    code = main(["--out", str(replot), "--replot", str(out / "bench.records.jsonl")])
+    text = capsys.readouterr().out
+    if "matplotlib" in text:  # plot skipped: only without matplotlib
+        assert code == 1
+    else:
+        assert code == 0 and (replot / PLOT_NAME).stat().st_size > 0
+    medians = {f"{r['median_ms']:.3f}" for r in saved if r["median_ms"] is not None}
+    assert medians and all(m in text for m in medians)
+
+
+def test_replot_names_a_bad_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bench.records.jsonl"
+    bad.write_text('{"cell": "ParaGRU", "colour": 1}\n')
+    with pytest.raises(ValueError, match=r"bench.records.jsonl:1: expected a BenchRecord"):
+        main(["--out", str(tmp_path), "--replot", str(bad)])
+
 
 def test_module_entry_point_runs(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]

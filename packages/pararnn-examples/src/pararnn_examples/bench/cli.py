@@ -51,7 +51,15 @@ from .cases import (
 )
 from .harness import BenchRecord, BenchResult, progress_line, run_bench
 from .registry import get_method, method_names
-from .report import format_peers, format_table, write_results
+from .report import (
+    PLOT_NAME,
+    format_peers,
+    format_table,
+    load_records,
+    plot_time_vs_steps,
+    result_from_records,
+    write_results,
+)
 
 __all__ = ["build_parser", "config_from_args", "main"]
 
@@ -275,6 +283,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="seed of parameters and inputs")
     parser.add_argument("--no-plot", action="store_true", help="do not draw the plot")
     parser.add_argument(
+        "--replot",
+        type=Path,
+        nargs="+",
+        metavar="JSONL",
+        help="measure nothing: draw DIR/bench_time_vs_T.png and print the table from the "
+        "bench.records.jsonl files of earlier runs (e.g. runs cut short)",
+    )
+    parser.add_argument(
         "--no-progress", action="store_true", help="no progress bar and no per-record lines"
     )
     parser.add_argument(
@@ -341,10 +357,22 @@ def _summary(result: BenchResult) -> tuple[str, bool]:
     return text, not errors and not mismatches
 
 
+def _replot(paths: Sequence[Path], out: Path) -> int:
+    records = [r for path in paths for r in load_records(path)]
+    result = result_from_records(records, " ".join(str(p) for p in paths))
+    out.mkdir(parents=True, exist_ok=True)
+    print(format_table(result))
+    outcome = plot_time_vs_steps(result, out / PLOT_NAME)
+    print(outcome.message)
+    return 0 if outcome.path is not None else 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``pararnn-bench``; returns the exit status (0 ok, 1 errors or mismatches)."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.replot:
+        return _replot(args.replot, args.out)
     try:
         config = config_from_args(args)
     except ValueError as err:

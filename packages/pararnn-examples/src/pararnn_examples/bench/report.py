@@ -22,7 +22,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Final, NamedTuple
 
-from .cases import DIRECTIONS, SCOPES
+from .cases import DIRECTIONS, SCOPES, BenchConfig
 from .harness import BenchRecord, BenchResult, config_as_dict
 from .peers.base import PeerStatus
 
@@ -36,7 +36,9 @@ __all__ = [
     "Written",
     "format_peers",
     "format_table",
+    "load_records",
     "plot_time_vs_steps",
+    "result_from_records",
     "write_csv",
     "write_json",
     "write_results",
@@ -268,3 +270,48 @@ def write_results(result: BenchResult, out_dir: Path, *, plot: bool = True) -> W
         else PlotOutcome(None, "plot skipped: --no-plot")
     )
     return Written(csv_path, json_path, outcome)
+
+
+def load_records(path: Path) -> list[BenchRecord]:
+    """The records a run saved line by line (``bench.records.jsonl``), in measurement order.
+
+    Raises:
+        ValueError: a line is not a JSON object with :class:`BenchRecord`'s fields (names the
+            file and the line).
+    """
+    fields = {f.name for f in dataclasses.fields(BenchRecord)}
+    records = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            unknown = set(row) - fields
+            if unknown:
+                raise ValueError(f"unknown fields {sorted(unknown)}")
+            records.append(BenchRecord(**row))
+        except (TypeError, ValueError) as err:
+            raise ValueError(
+                f"{path}:{number}: expected a BenchRecord as one JSON object, got {line[:80]!r} "
+                f"({err})"
+            ) from err
+    return records
+
+
+def result_from_records(records: list[BenchRecord], source: str) -> BenchResult:
+    """A :class:`BenchResult` around records of earlier runs, for the table and the plot.
+
+    The configuration lists the records' cells, methods and scopes in order of appearance;
+    the environment says only where the records came from (the runs' own is in their
+    ``bench.json``, when they got that far).
+    """
+    if not records:
+        raise ValueError(f"records must not be empty (source {source!r})")
+    cells = tuple(dict.fromkeys(r.cell for r in records if r.scope != "scan"))
+    config = BenchConfig(
+        cells=cells or BenchConfig().cells,
+        methods=tuple(dict.fromkeys(r.method for r in records)),
+        scopes=tuple(dict.fromkeys(r.scope for r in records)),
+        device="cpu",  # the plot and the table never touch a device
+    )
+    return BenchResult(config, {"source": source}, records)
