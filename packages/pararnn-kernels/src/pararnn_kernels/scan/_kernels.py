@@ -163,6 +163,30 @@ def scan_diag_kernel(
 
 
 @triton.jit
+def _walk_back(agg_a_ptr, agg_b_ptr, incl_ptr, flags, slots, tile, BLOCK_D: tl.constexpr):
+    """The exact state entering ``tile``: compose predecessors' published monoids, newest
+    first, until one has published its inclusive state (spins while a predecessor has
+    published nothing yet)."""
+    carry = tl.zeros([BLOCK_D], dtype=tl.float32)
+    run_a = tl.full([BLOCK_D], 1.0, dtype=tl.float32)
+    run_b = tl.zeros([BLOCK_D], dtype=tl.float32)
+    j = tile - 1
+    while j >= 0:
+        flag = tl.atomic_add(flags + j, 0, sem="acquire")
+        if flag == 2:
+            state = tl.load(incl_ptr + slots + j * BLOCK_D, volatile=True)
+            carry = run_a * state + run_b
+            j = -1
+        elif flag == 1:
+            agg_a = tl.load(agg_a_ptr + slots + j * BLOCK_D, volatile=True)
+            agg_b = tl.load(agg_b_ptr + slots + j * BLOCK_D, volatile=True)
+            run_b = run_a * agg_b + run_b
+            run_a = run_a * agg_a
+            j = j - 1
+    return carry
+
+
+@triton.jit
 def _publish_inclusive(incl_ptr, flags, slots, tile, state, BLOCK_D: tl.constexpr):
     tl.store(incl_ptr + slots + tile * BLOCK_D, state)
     tl.debug_barrier()
@@ -243,21 +267,7 @@ def scan_diag_lookback_kernel(
         tl.store(agg_b_ptr + slots + tile * BLOCK_D, tile_b)
         tl.debug_barrier()
         tl.atomic_xchg(flags + tile, 1, sem="release")
-        run_a = tl.full([BLOCK_D], 1.0, dtype=tl.float32)
-        run_b = tl.zeros([BLOCK_D], dtype=tl.float32)
-        j = tile - 1
-        while j >= 0:
-            flag = tl.atomic_add(flags + j, 0, sem="acquire")
-            if flag == 2:
-                state = tl.load(incl_ptr + slots + j * BLOCK_D, volatile=True)
-                carry = run_a * state + run_b
-                j = -1
-            elif flag == 1:
-                agg_a = tl.load(agg_a_ptr + slots + j * BLOCK_D, volatile=True)
-                agg_b = tl.load(agg_b_ptr + slots + j * BLOCK_D, volatile=True)
-                run_b = run_a * agg_b + run_b
-                run_a = run_a * agg_a
-                j = j - 1
+        carry = _walk_back(agg_a_ptr, agg_b_ptr, incl_ptr, flags, slots, tile, BLOCK_D)
     if INCLUSIVE_EVERY == 1:
         _publish_inclusive(incl_ptr, flags, slots, tile, tile_a * carry + tile_b, BLOCK_D)
     elif tile % INCLUSIVE_EVERY == 0:
@@ -388,21 +398,7 @@ def scan_diag_tiles_kernel(
         _store_last_row(agg_b_ptr, slots2, acc, rows, BLOCK_T)
         tl.debug_barrier()
         tl.atomic_xchg(flags + tile, 1, sem="release")
-        run_a = tl.full([BLOCK_D], 1.0, dtype=tl.float32)
-        run_b = tl.zeros([BLOCK_D], dtype=tl.float32)
-        j = tile - 1
-        while j >= 0:
-            flag = tl.atomic_add(flags + j, 0, sem="acquire")
-            if flag == 2:
-                state = tl.load(incl_ptr + slots + j * BLOCK_D, volatile=True)
-                carry = run_a * state + run_b
-                j = -1
-            elif flag == 1:
-                agg_a = tl.load(agg_a_ptr + slots + j * BLOCK_D, volatile=True)
-                agg_b = tl.load(agg_b_ptr + slots + j * BLOCK_D, volatile=True)
-                run_b = run_a * agg_b + run_b
-                run_a = run_a * agg_a
-                j = j - 1
+        carry = _walk_back(agg_a_ptr, agg_b_ptr, incl_ptr, flags, slots, tile, BLOCK_D)
     y = acc + prod * carry[None, :]
     if (INCLUSIVE_EVERY == 1) or (tile % INCLUSIVE_EVERY == 0):
         # INCLUSIVE_EVERY > 1 is the testing knob of scan_diag_lookback_kernel.
