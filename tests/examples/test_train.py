@@ -13,6 +13,7 @@ from torch import Tensor, nn
 from pararnn_examples.tasks.models import ModelConfig, build_model
 from pararnn_examples.train import (
     History,
+    NewtonSummary,
     NonFiniteLossError,
     TrainConfig,
     configure_threads,
@@ -193,3 +194,15 @@ def test_configure_threads_sets_torch() -> None:
         assert configure_threads() == 1 == torch.get_num_threads()
     finally:
         torch.set_num_threads(before)
+
+
+def test_newton_text_reports_the_recorded_numbers() -> None:
+    history = History()
+    for step, (iters, residual, fallbacks) in enumerate([(3, 1e-3, 0), (5, 2e-7, 1)]):
+        history.append(step, 1.0, NewtonSummary(iters, residual, fallbacks), 1e-3, {})
+    text = history.newton_text(layers=2)
+    assert text == (
+        "Newton 4.0 iterations on average (max 5), last step's max residual 2.0e-07, "
+        "sequential fallbacks 1 of 4 layer solves"
+    )
+    assert History().newton_text(layers=2) == ""

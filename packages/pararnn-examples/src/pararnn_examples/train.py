@@ -205,6 +205,22 @@ class History:
             raise ValueError(f"no records in [{first}, {last}) of a history of {len(self)}")
         return sum(window) / len(window)
 
+    def newton_text(self, layers: int) -> str:
+        """``"Newton 6.1 iterations on average (max 9), last step's max residual 3.0e-07,
+        sequential fallbacks 0 of 800 layer solves"``; ``""`` when no step ran Newton.
+
+        Args:
+            layers: ParaRNN layers per forward (the number of solves per step).
+        """
+        if not self.iters or max(self.iters) == 0:
+            return ""
+        mean = sum(self.iters) / len(self.iters)
+        return (
+            f"Newton {mean:.1f} iterations on average (max {max(self.iters)}), last step's max "
+            f"residual {self.residual[-1]:.1e}, sequential fallbacks {sum(self.fallbacks)} of "
+            f"{len(self.iters) * layers} layer solves"
+        )
+
     def state_dict(self) -> dict[str, Any]:
         """Plain lists, for a checkpoint."""
         return {
@@ -367,6 +383,7 @@ def plot_history(
     smooth: int = 1,
     extra_axis: str | None = None,
     log_y: bool = False,
+    reference_lines: Mapping[str, float] | None = None,
 ) -> Path:
     """Draw one line per named history to a PNG (matplotlib's Agg canvas; no display needed).
 
@@ -378,6 +395,8 @@ def plot_history(
         smooth: moving-average window over steps (1 = raw).
         extra_axis: a second metric drawn on a right-hand axis (dashed), e.g. ``"acc"``.
         log_y: logarithmic y axis for ``metric``.
+        reference_lines: label -> value, drawn as horizontal dotted lines on the left axis
+            (e.g. a baseline's level).
 
     Returns:
         The path written.
@@ -404,6 +423,8 @@ def plot_history(
         if right is not None and extra_axis is not None:
             series = _moving_average(_series(record, extra_axis), smooth)
             right.plot(record.step, series, colour, linestyle="--", alpha=0.6)
+    for index, (label, value) in enumerate((reference_lines or {}).items()):
+        axis.axhline(value, color=f"C{len(curves) + index}", linestyle=":", label=label)
     axis.set_xlabel("optimizer step")
     axis.set_ylabel(metric if smooth == 1 else f"{metric} (mean of {smooth} steps)")
     if log_y:

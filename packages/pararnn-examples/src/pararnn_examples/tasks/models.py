@@ -22,7 +22,7 @@ Shapes: ``tokens [B, T]`` (int64) -> ``logits [B, T, num_outputs]``; one step
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Final
 
 import torch
@@ -72,6 +72,8 @@ class ModelConfig:
             Newton iterations early on.
         newton_iters: Newton's ``max_iters``.
         newton_tol: Newton's ``tol`` (stop early once the residual is below it), or None.
+        newton_threshold: Newton's ``divergence_threshold`` (None: the ``NewtonConfig``
+            default). Non-finite residuals count as diverged whatever the value.
         newton_fallback: on a Newton divergence, recompute the layer with the sequential
             recurrence (``on_divergence="sequential"``; counted in ``History.fallbacks``)
             instead of raising :class:`~pararnn_core.NewtonDivergenceError`.
@@ -86,6 +88,7 @@ class ModelConfig:
     recurrent_init: float | None = None
     newton_iters: int = 3
     newton_tol: float | None = None
+    newton_threshold: float | None = None
     newton_fallback: bool = False
 
     def __post_init__(self) -> None:
@@ -99,6 +102,8 @@ class ModelConfig:
             raise ValueError(f"recurrent_init must be None or > 0, got {self.recurrent_init!r}")
         if self.newton_tol is not None and not self.newton_tol >= 0:
             raise ValueError(f"newton_tol must be None or >= 0, got {self.newton_tol!r}")
+        if self.newton_threshold is not None and not self.newton_threshold > 0:
+            raise ValueError(f"newton_threshold must be None or > 0, got {self.newton_threshold!r}")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values, for a checkpoint."""
@@ -197,6 +202,8 @@ class RecurrentBlock(nn.Module):
                 tol=config.newton_tol,
                 on_divergence="sequential" if config.newton_fallback else "raise",
             )
+            if config.newton_threshold is not None:
+                newton = replace(newton, divergence_threshold=config.newton_threshold)
             self.rnn = ParaRNN(_make_cell(config), newton)
         self.out = nn.Linear(d, d)
         self.mlp: nn.Sequential | None = None
