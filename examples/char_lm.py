@@ -28,12 +28,13 @@ from pararnn_examples.tasks.char_lm import (
 )
 from pararnn_examples.tasks.cli import (
     add_common_options,
+    add_training_options,
     nonnegative_float,
     nonnegative_int,
-    positive_float,
     positive_int,
     setup_device,
 )
+from pararnn_examples.tasks.models import CELLS
 from pararnn_examples.train import plot_history
 
 DEFAULTS = CharLMConfig()
@@ -43,47 +44,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument(
-        "--cell",
-        choices=["gru", "lstm", "slstm", "linear"],
-        default=DEFAULTS.cell,
-        help=f"recurrent layer: a ParaRNN cell or the linear baseline (default {DEFAULTS.cell})",
-    )
-    parser.add_argument(
-        "--steps",
-        type=positive_int,
-        default=DEFAULTS.steps,
-        help=f"optimizer steps in total, a resumed run's included (default {DEFAULTS.steps})",
-    )
-    parser.add_argument(
-        "--length",
-        type=positive_int,
-        default=DEFAULTS.length,
-        help=f"training window T in characters (default {DEFAULTS.length})",
-    )
-    parser.add_argument(
-        "--batch",
-        type=positive_int,
-        default=DEFAULTS.batch,
-        help=f"windows per step (default {DEFAULTS.batch})",
-    )
-    parser.add_argument(
-        "--d-model",
-        type=positive_int,
-        default=DEFAULTS.d_model,
-        help=f"width of every layer (default {DEFAULTS.d_model})",
-    )
-    parser.add_argument(
-        "--layers",
-        type=positive_int,
-        default=DEFAULTS.layers,
-        help=f"recurrent blocks (default {DEFAULTS.layers})",
-    )
-    parser.add_argument(
-        "--lr",
-        type=positive_float,
-        default=DEFAULTS.lr,
-        help=f"peak learning rate, AdamW (default {DEFAULTS.lr})",
+    add_training_options(
+        parser,
+        DEFAULTS,
+        cells=CELLS,
+        cell="recurrent layer: a ParaRNN cell or the linear baseline",
+        steps="optimizer steps in total, a resumed run's included",
+        length="training window T in characters",
+        batch="windows per step",
     )
     parser.add_argument(
         "--newton-iters",

@@ -17,7 +17,7 @@ import argparse
 
 from pararnn_examples.tasks.cli import (
     add_common_options,
-    positive_float,
+    add_training_options,
     positive_int,
     setup_device,
 )
@@ -31,48 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument(
-        "--cell",
-        choices=["gru", "lstm", "slstm"],
-        default=DEFAULTS.cell,
-        help=f"ParaRNN cell of every layer (default {DEFAULTS.cell})",
-    )
-    parser.add_argument(
-        "--steps",
-        type=positive_int,
-        default=DEFAULTS.steps,
-        help=f"optimizer steps (default {DEFAULTS.steps})",
-    )
-    parser.add_argument(
-        "--length",
-        type=positive_int,
-        default=DEFAULTS.length,
-        help=f"training sequence length T (default {DEFAULTS.length})",
-    )
-    parser.add_argument(
-        "--batch",
-        type=positive_int,
-        default=DEFAULTS.batch,
-        help=f"sequences per step (default {DEFAULTS.batch})",
-    )
-    parser.add_argument(
-        "--d-model",
-        type=positive_int,
-        default=DEFAULTS.d_model,
-        help=f"width of every layer (default {DEFAULTS.d_model})",
-    )
-    parser.add_argument(
-        "--layers",
-        type=positive_int,
-        default=DEFAULTS.layers,
-        help=f"recurrent blocks (default {DEFAULTS.layers})",
-    )
-    parser.add_argument(
-        "--lr",
-        type=positive_float,
-        default=DEFAULTS.lr,
-        help=f"peak learning rate, AdamW (default {DEFAULTS.lr})",
-    )
+    add_training_options(parser, DEFAULTS)
     parser.add_argument(
         "--eval-batch",
         type=positive_int,

@@ -10,13 +10,20 @@ from __future__ import annotations
 import argparse
 import math
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from ..train import configure_threads, pick_device
+from .models import CELLS
+
+#: The ParaRNN cells a task script offers (the linear baseline has its own switch).
+CELL_NAMES = tuple(c for c in CELLS if c != "linear")
 
 __all__ = [
+    "CELL_NAMES",
     "add_common_options",
+    "add_training_options",
     "nonnegative_float",
     "positive_float",
     "positive_int",
@@ -66,6 +73,46 @@ def nonnegative_float(text: str) -> float:
     if not (math.isfinite(value) and value >= 0):
         raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
     return value
+
+
+def add_training_options(
+    parser: argparse.ArgumentParser,
+    defaults: Any,
+    *,
+    cells: tuple[str, ...] = CELL_NAMES,
+    **helps: str,
+) -> None:
+    """``--cell``, ``--steps``, ``--length``, ``--batch``, ``--d-model``, ``--layers``, ``--lr``.
+
+    ``defaults`` is the task's config dataclass (fields ``cell``, ``steps``, ``length``,
+    ``batch``, ``d_model``, ``layers``, ``lr``); ``cells`` the choices of ``--cell``; ``helps``
+    replaces the help text of a field by name (each text gets the default appended).
+    """
+    texts = {
+        "cell": "ParaRNN cell of every layer",
+        "steps": "optimizer steps",
+        "length": "training sequence length T",
+        "batch": "sequences per step",
+        "d_model": "width of every layer",
+        "layers": "recurrent blocks",
+        "lr": "peak learning rate, AdamW",
+    }
+    unknown = set(helps) - set(texts)
+    if unknown:
+        raise ValueError(f"helps must name fields among {sorted(texts)}, got {sorted(unknown)}")
+    texts.update(helps)
+    kinds: dict[str, dict[str, Any]] = {
+        "cell": {"choices": list(cells)},
+        "lr": {"type": positive_float},
+    }
+    for name, text in texts.items():
+        default = getattr(defaults, name)
+        parser.add_argument(
+            "--" + name.replace("_", "-"),
+            default=default,
+            help=f"{text} (default {default})",
+            **kinds.get(name, {"type": positive_int}),
+        )
 
 
 def add_common_options(parser: argparse.ArgumentParser, *, default_seed: int = 0) -> None:
