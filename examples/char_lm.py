@@ -29,6 +29,7 @@ from pararnn_examples.tasks.char_lm import (
 from pararnn_examples.tasks.cli import (
     add_common_options,
     add_training_options,
+    config_from_args,
     nonnegative_float,
     nonnegative_int,
     positive_int,
@@ -130,19 +131,7 @@ def main(argv: list[str] | None = None) -> None:
         corpus.vocab.encode(args.prompt)  # before training: a bad prompt should not cost a run
     except ValueError as err:
         parser.error(f"argument --prompt: {err}")
-    config = CharLMConfig(
-        budget_chars=args.budget_chars,
-        length=args.length,
-        batch=args.batch,
-        steps=args.steps,
-        lr=args.lr,
-        d_model=args.d_model,
-        layers=args.layers,
-        cell=args.cell,
-        newton_iters=args.newton_iters,
-        eval_chars=args.eval_chars,
-        seed=args.seed,
-    )
+    config = config_from_args(CharLMConfig, args)
     source = f"resuming {args.resume}" if args.resume else f"ParaRNN({args.cell})"
     print(f"char LM on stdlib source: {source}, on {device}")
     result = run_char_lm(

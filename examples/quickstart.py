@@ -18,6 +18,7 @@ import argparse
 from pararnn_examples.tasks.cli import (
     add_common_options,
     add_training_options,
+    config_from_args,
     positive_int,
     setup_device,
 )
@@ -58,19 +59,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
     device = setup_device(parser, args)
-    config = QuickstartConfig(
-        length=args.length,
-        batch=args.batch,
-        steps=args.steps,
-        lr=args.lr,
-        d_model=args.d_model,
-        layers=args.layers,
-        cell=args.cell,
-        eval_batch=args.eval_batch,
-        time_length=args.time_length,
-        time_repeats=args.time_repeats,
-        seed=args.seed,
-    )
+    config = config_from_args(QuickstartConfig, args)
     print(
         f"flip-flop memory, ParaRNN({args.cell}) x {args.layers} layers, d={args.d_model}, "
         f"B={args.batch}, T={args.length}, on {device}"

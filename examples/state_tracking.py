@@ -18,6 +18,7 @@ import argparse
 from pararnn_examples.tasks.cli import (
     add_common_options,
     add_training_options,
+    config_from_args,
     positive_float,
     positive_int,
     setup_device,
@@ -76,20 +77,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
     device = setup_device(parser, args)
-    config = StateTrackingConfig(
-        length=args.length,
-        batch=args.batch,
-        steps=args.steps,
-        lr=args.lr,
-        d_model=args.d_model,
-        layers=args.layers,
-        cell=args.cell,
-        baseline=not args.no_baseline,
-        recurrent_init=args.recurrent_init,
-        newton_iters=args.newton_iters,
-        eval_batch=args.eval_batch,
-        seed=args.seed,
-    )
+    config = config_from_args(StateTrackingConfig, args, baseline=not args.no_baseline)
     print(
         f"running parity at T={args.length}: ParaRNN({args.cell}) vs linear recurrence, "
         f"{args.layers} layers, d={args.d_model}, B={args.batch}, seed {args.seed}, on {device}"

@@ -6,7 +6,12 @@ import argparse
 
 import pytest
 
-from pararnn_examples.tasks.cli import CELL_NAMES, add_training_options, positive_int
+from pararnn_examples.tasks.cli import (
+    CELL_NAMES,
+    add_training_options,
+    config_from_args,
+    positive_int,
+)
 from pararnn_examples.tasks.quickstart import QuickstartConfig
 
 
@@ -45,3 +50,15 @@ def test_unknown_help_override_is_refused() -> None:
     with pytest.raises(ValueError, match=r"helps must name fields among .* got \['colour'\]"):
         add_training_options(argparse.ArgumentParser(), QuickstartConfig(), colour="x")
     assert positive_int("3") == 3
+
+
+def test_config_from_args_takes_same_named_options_then_extra() -> None:
+    parser = argparse.ArgumentParser()
+    add_training_options(parser, QuickstartConfig())
+    parser.add_argument("--unrelated", default="x")
+    args = parser.parse_args(["--steps", "5", "--layers", "3"])
+    config = config_from_args(QuickstartConfig, args, lr=0.25)
+    assert (config.steps, config.layers, config.lr) == (5, 3, 0.25)
+    assert config.p_write == QuickstartConfig().p_write  # no option: the config's default
+    with pytest.raises(TypeError, match="cls must be a dataclass type"):
+        config_from_args(dict, args)

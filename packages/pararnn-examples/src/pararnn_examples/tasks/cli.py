@@ -8,9 +8,10 @@ expected and the actual value -- before anything runs.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -113,6 +114,21 @@ def add_training_options(
             help=f"{text} (default {default})",
             **kinds.get(name, {"type": positive_int}),
         )
+
+
+_Config = TypeVar("_Config")
+
+
+def config_from_args(cls: type[_Config], args: argparse.Namespace, **extra: Any) -> _Config:
+    """The task config ``cls`` (a dataclass) with every field that has a parsed option of the
+    same name taken from ``args``, then ``extra`` (options whose meaning differs, e.g.
+    ``baseline=not args.no_baseline``)."""
+    if not dataclasses.is_dataclass(cls):
+        raise TypeError(f"cls must be a dataclass type, got {cls!r}")
+    names = [f.name for f in dataclasses.fields(cls)]
+    values = {name: getattr(args, name) for name in names if hasattr(args, name)}
+    values.update(extra)
+    return cls(**values)
 
 
 def add_common_options(parser: argparse.ArgumentParser, *, default_seed: int = 0) -> None:
