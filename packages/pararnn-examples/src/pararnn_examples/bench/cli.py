@@ -37,6 +37,7 @@ from pathlib import Path
 
 import pararnn_core as pc
 
+from ..argtypes import positive_float, positive_int
 from .cases import (
     CELL_SCOPES,
     CELLS,
@@ -76,26 +77,6 @@ class _Sizes:
 _QUICK = _Sizes(batch=2, width=16, steps=(32, 128), repeats=3, warmup=1)
 _QUICK_SCAN_SHAPES = (Shape(2, 128, 16), Shape(1, 256, 8))
 _NORMAL = _Sizes(batch=8, width=256, steps=(1024, 4096, 16384), repeats=10, warmup=3)
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
-    return value
 
 
 def _shape(text: str) -> Shape:
@@ -173,21 +154,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--batch",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         metavar="B",
         help="batch size B of the T grid (default 8; --quick 2)",
     )
     parser.add_argument(
         "--width",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         metavar="D",
         help="d_in = d_h of the T grid (default 256; --quick 16)",
     )
     parser.add_argument(
         "--steps",
-        type=_positive_int,
+        type=positive_int,
         nargs="+",
         default=None,
         metavar="T",
@@ -231,7 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--max-seq-steps",
-        type=_positive_int,
+        type=positive_int,
         default=4096,
         metavar="T",
         help="time sequential_eager only up to this T (recorded as skipped "
@@ -240,33 +221,33 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--repeats",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="timed calls per case, median reported (default 10; --quick 3)",
     )
     parser.add_argument(
         "--warmup",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="warm-up calls per case, >= 1 (default 3; --quick 1)",
     )
     parser.add_argument(
         "--slow-seconds",
-        type=_positive_float,
+        type=positive_float,
         default=0.5,
         metavar="S",
         help="a case whose warm-up call takes longer is timed once (default 0.5)",
     )
     parser.add_argument(
         "--newton-iters",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         metavar="K",
         help="NewtonConfig.max_iters of the Newton methods (default: NewtonConfig's, 3)",
     )
     parser.add_argument(
         "--newton-tol",
-        type=_positive_float,
+        type=positive_float,
         default=None,
         metavar="TOL",
         help="NewtonConfig.tol of the Newton methods (default: none, exactly "
@@ -274,7 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--copy-mib",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         metavar="MIB",
         help="buffer size of the copy-bandwidth measurement (default 4096 MiB "

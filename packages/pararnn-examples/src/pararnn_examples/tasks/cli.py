@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
 
+from ..argtypes import nonnegative_float, nonnegative_int, positive_float, positive_int
 from ..train import configure_threads, pick_device
 from .models import CELLS
 
@@ -30,50 +30,6 @@ __all__ = [
     "positive_int",
     "setup_device",
 ]
-
-
-def positive_int(text: str) -> int:
-    """An ``int >= 1``."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def nonnegative_int(text: str) -> int:
-    """An ``int >= 0``."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    """A finite ``float > 0``."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
-    return value
-
-
-def nonnegative_float(text: str) -> float:
-    """A finite ``float >= 0``."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
-    if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
-    return value
 
 
 def add_training_options(
