@@ -311,7 +311,9 @@ def scan_diag_lookback_kernel(
 
 @triton.jit
 def _store_last_row(ptr, slots2, x, rows, BLOCK_T: tl.constexpr):
-    tl.store(ptr + slots2, x, mask=(rows == BLOCK_T - 1)[:, None] & (slots2 >= 0))
+    # The pointer must have the tile's shape (tl.store broadcasts mask and value to the
+    # pointer, not the other way): slots2 repeats the row's slots on every row.
+    tl.store(ptr + slots2, x, mask=(rows == BLOCK_T - 1)[:, None])
 
 
 @triton.jit
