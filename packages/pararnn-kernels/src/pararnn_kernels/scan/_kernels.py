@@ -153,7 +153,8 @@ def scan_diag_kernel(
 #
 # Tiles find their exact incoming state by decoupled look-back: each publishes its tile monoid
 # (flag 1) as soon as pass 1 is done, and its inclusive state (flag 2) as soon as it knows its
-# carry; a tile walks back over predecessors' monoids until it meets an inclusive state.
+# carry; a tile walks back over predecessors' monoids until it meets an inclusive state, reading
+# a window of predecessors' flags per round trip.
 # Decisions are taken on *scalar* flags (one atomic per program, broadcast to all its threads),
 # so every thread of a program follows the same path; data is written once, before its flag
 # (stores, barrier, release), and read after it (acquire, volatile loads).
@@ -163,26 +164,50 @@ def scan_diag_kernel(
 
 
 @triton.jit
-def _walk_back(agg_a_ptr, agg_b_ptr, incl_ptr, flags, slots, tile, BLOCK_D: tl.constexpr):
-    """The exact state entering ``tile``: compose predecessors' published monoids, newest
-    first, until one has published its inclusive state (spins while a predecessor has
-    published nothing yet)."""
+def _walk_back(
+    agg_a_ptr, agg_b_ptr, incl_ptr, flags, slots, tile, BLOCK_D: tl.constexpr, WINDOW: tl.constexpr
+):
+    """The exact state entering ``tile``, ``[BLOCK_D]``.
+
+    Reads the flags of the ``WINDOW`` newest predecessors not yet composed in one round trip
+    (``hi`` is the newest): the tiles newer than the newest unpublished one have published at
+    least their monoid; when the newest inclusive state is among them, it and the monoids after
+    it give the carry; otherwise those monoids are composed and the window moves back to the
+    unpublished tile (spinning while it stays unpublished). A long walk costs one round trip per
+    window instead of one per tile."""
+    w = tl.arange(0, WINDOW)
     carry = tl.zeros([BLOCK_D], dtype=tl.float32)
+    # run = the composed monoid of the tiles between hi and tile (identity at first).
     run_a = tl.full([BLOCK_D], 1.0, dtype=tl.float32)
     run_b = tl.zeros([BLOCK_D], dtype=tl.float32)
-    j = tile - 1
-    while j >= 0:
-        flag = tl.atomic_add(flags + j, 0, sem="acquire")
-        if flag == 2:
-            state = tl.load(incl_ptr + slots + j * BLOCK_D, volatile=True)
+    hi = tile - 1
+    while hi >= 0:
+        idx = hi - (WINDOW - 1) + w  # oldest first; idx[WINDOW - 1] == hi
+        live = idx >= 0
+        flag = tl.atomic_add(flags + idx, 0, mask=live, sem="acquire")
+        # Positions before tile 0 count as unpublished: tile 0 publishes its inclusive state, so
+        # they never hide one.
+        flag = tl.where(live, flag, 0)
+        newest_incl = tl.max(tl.where(flag == 2, w, -1), axis=0)
+        newest_gap = tl.max(tl.where(flag == 0, w, -1), axis=0)
+        cut = tl.maximum(newest_incl, newest_gap)
+        # Window positions after `cut` hold published monoids (flag 1): compose them in order.
+        use = (w > cut)[:, None]
+        offs = slots[None, :] + idx[:, None] * BLOCK_D
+        agg_a = tl.load(agg_a_ptr + offs, mask=use, other=1.0, volatile=True)
+        agg_b = tl.load(agg_b_ptr + offs, mask=use, other=0.0, volatile=True)
+        seg_a, seg_b = tl.associative_scan((agg_a, agg_b), 0, _combine_diag)
+        seg_a = _last_row(seg_a, WINDOW)
+        seg_b = _last_row(seg_b, WINDOW)
+        run_b = run_a * seg_b + run_b
+        run_a = run_a * seg_a
+        if newest_incl > newest_gap:
+            at = (w == newest_incl)[:, None]
+            state = tl.sum(tl.load(incl_ptr + offs, mask=at, other=0.0, volatile=True), axis=0)
             carry = run_a * state + run_b
-            j = -1
-        elif flag == 1:
-            agg_a = tl.load(agg_a_ptr + slots + j * BLOCK_D, volatile=True)
-            agg_b = tl.load(agg_b_ptr + slots + j * BLOCK_D, volatile=True)
-            run_b = run_a * agg_b + run_b
-            run_a = run_a * agg_a
-            j = j - 1
+            hi = -1
+        else:
+            hi = hi - (WINDOW - 1) + newest_gap
     return carry
 
 
@@ -218,6 +243,7 @@ def scan_diag_lookback_kernel(
     ROWS: tl.constexpr,
     BLOCK_D: tl.constexpr,
     INCLUSIVE_EVERY: tl.constexpr,
+    WINDOW: tl.constexpr,
 ):
     """Grid (n_tiles * B * n_cols_d,): one program per tile, handed out in ticket order.
 
@@ -267,7 +293,7 @@ def scan_diag_lookback_kernel(
         tl.store(agg_b_ptr + slots + tile * BLOCK_D, tile_b)
         tl.debug_barrier()
         tl.atomic_xchg(flags + tile, 1, sem="release")
-        carry = _walk_back(agg_a_ptr, agg_b_ptr, incl_ptr, flags, slots, tile, BLOCK_D)
+        carry = _walk_back(agg_a_ptr, agg_b_ptr, incl_ptr, flags, slots, tile, BLOCK_D, WINDOW)
     if INCLUSIVE_EVERY == 1:
         _publish_inclusive(incl_ptr, flags, slots, tile, tile_a * carry + tile_b, BLOCK_D)
     elif tile % INCLUSIVE_EVERY == 0:
@@ -340,6 +366,7 @@ def scan_diag_tiles_kernel(
     BLOCK_T: tl.constexpr,
     BLOCK_D: tl.constexpr,
     INCLUSIVE_EVERY: tl.constexpr,
+    WINDOW: tl.constexpr,
 ):
     """Grid (n_tiles * B * n_cols_d,): one program per tile of BLOCK_T steps, in ticket order.
 
@@ -400,7 +427,7 @@ def scan_diag_tiles_kernel(
         _store_last_row(agg_b_ptr, slots2, acc, rows, BLOCK_T)
         tl.debug_barrier()
         tl.atomic_xchg(flags + tile, 1, sem="release")
-        carry = _walk_back(agg_a_ptr, agg_b_ptr, incl_ptr, flags, slots, tile, BLOCK_D)
+        carry = _walk_back(agg_a_ptr, agg_b_ptr, incl_ptr, flags, slots, tile, BLOCK_D, WINDOW)
     y = acc + prod * carry[None, :]
     if (INCLUSIVE_EVERY == 1) or (tile % INCLUSIVE_EVERY == 0):
         # INCLUSIVE_EVERY > 1 is the testing knob of scan_diag_lookback_kernel.

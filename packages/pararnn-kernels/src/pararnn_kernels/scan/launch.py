@@ -41,6 +41,10 @@ __all__ = [
 
 ScanMethod = Literal["chunked", "lookback", "tiles"]
 
+#: Predecessors whose flags a look-back reads per round trip (a walk over k unfinished tiles
+#: costs ceil(k / window) round trips instead of k).
+LOOKBACK_WINDOW = 8
+
 
 @dataclass(frozen=True)
 class DiagScanPlan:
@@ -55,6 +59,8 @@ class DiagScanPlan:
             block_t); 1 for the other methods.
         inclusive_every: look-back kernels only, a testing knob: only every n-th tile publishes its
             inclusive state, so successors must walk back over published monoids (1 = all do).
+        window: look-back kernels only: predecessors whose flags one look-back round trip reads
+            (a power of two; 1 walks back one tile per round trip).
     """
 
     method: ScanMethod
@@ -63,6 +69,7 @@ class DiagScanPlan:
     num_warps: int = 4
     rows: int = 8
     inclusive_every: int = 1
+    window: int = LOOKBACK_WINDOW
 
 
 def plan_scan_diag(
@@ -78,6 +85,7 @@ def plan_scan_diag(
     num_warps: int | None = None,
     rows: int | None = None,
     inclusive_every: int = 1,
+    window: int = LOOKBACK_WINDOW,
 ) -> DiagScanPlan:
     """Launch plan for a ``[batch, steps, channels]`` diagonal scan; arguments override the model.
 
@@ -95,17 +103,23 @@ def plan_scan_diag(
     current choice and kept for capability-dependent models.
     """
     del device
+    if window < 1 or window & (window - 1):
+        raise ValueError(f"window must be a power of two >= 1, got {window}")
     if method is None:
         method = "tiles" if element_size >= 4 else "lookback"
     four_bytes = element_size >= 4
     if method == "tiles":
         block_d = block_d or min(64, triton_next_power_of_2(channels))
-        return DiagScanPlan("tiles", block_t or 64, block_d, num_warps or 4, 1, inclusive_every)
+        return DiagScanPlan(
+            "tiles", block_t or 64, block_d, num_warps or 4, 1, inclusive_every, window
+        )
     if method == "lookback":
         rows = rows or (8 if four_bytes else 4)
         block_d = block_d or min(32 if four_bytes else 64, triton_next_power_of_2(channels))
         block_t = max(block_t or (128 if four_bytes else 256), rows)
-        return DiagScanPlan("lookback", block_t, block_d, num_warps or 4, rows, inclusive_every)
+        return DiagScanPlan(
+            "lookback", block_t, block_d, num_warps or 4, rows, inclusive_every, window
+        )
     block_d = block_d or min(64, triton_next_power_of_2(channels))
     return DiagScanPlan("chunked", block_t or 64, block_d, num_warps or 4)
 
@@ -206,6 +220,7 @@ def _launch_diag_lookback(
         GRAD_JAC=grad_jac is not None,
         BLOCK_D=plan.block_d,
         INCLUSIVE_EVERY=plan.inclusive_every,
+        WINDOW=plan.window,
         num_warps=plan.num_warps,
         **shape,
     )
@@ -226,8 +241,8 @@ def triton_scan_diag(
     """Diagonal scan on contiguous ``[B, T, D]`` tensors; returns ``[B, T, D]`` in rhs's dtype.
 
     h0 ``[B, D]`` or None. ``overrides`` (``method``, ``block_t``, ``block_d``, ``num_warps``,
-    ``rows``, ``inclusive_every``) replace the launch plan's choices: tests reach chunk and tile boundaries with them
-    at small sizes, the benchmark tunes with them.
+    ``rows``, ``inclusive_every``, ``window``) replace the launch plan's choices: tests reach
+    chunk and tile boundaries with them at small sizes, the benchmark tunes with them.
     """
     batch, steps, channels = rhs.shape
     plan = plan_scan_diag(
