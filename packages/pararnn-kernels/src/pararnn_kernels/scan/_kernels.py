@@ -152,15 +152,23 @@ def scan_diag_kernel(
 # which the program has just read (cache hits, not HBM traffic).
 #
 # Tiles find their exact incoming state by decoupled look-back: each publishes its tile monoid
-# (flag 1) as soon as pass 1 is done, and its inclusive state (flag 2) as soon as it knows its
-# carry; a tile walks back over predecessors' monoids until it meets an inclusive state, reading
-# a window of predecessors' flags per round trip.
-# Decisions are taken on *scalar* flags (one atomic per program, broadcast to all its threads),
-# so every thread of a program follows the same path; data is written once, before its flag
-# (stores, barrier, release), and read after it (acquire, volatile loads).
+# (state 1) as soon as pass 1 is done, and its inclusive state (state 2) as soon as it knows its
+# carry; a tile walks back over predecessors' monoids until it meets an inclusive state. The
+# states are two bits per tile, 16 tiles to an int32 word, so one atomic reads a window of up to
+# 16 predecessors. Decisions are taken on *scalar* words (one atomic per round trip, broadcast to
+# all the program's threads), so every thread of a program follows the same path; data is
+# written once, before its state bits (stores, barrier, release), and read after them (acquire,
+# volatile loads).
 # Tiles are handed out by an atomic ticket, so a program only waits on tiles whose programs
 # already run: no deadlock whatever order the hardware schedules programs in.
 # ----------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _publish(flags, tile, state: tl.constexpr):
+    """Set ``tile``'s state bits (1: monoid published, 2: inclusive state published)."""
+    bits = tl.full([], state, dtype=tl.int32) << (2 * (tile % 16))
+    tl.atomic_or(flags + tile // 16, bits, sem="release")
 
 
 @triton.jit
@@ -169,45 +177,49 @@ def _walk_back(
 ):
     """The exact state entering ``tile``, ``[BLOCK_D]``.
 
-    Reads the flags of the ``WINDOW`` newest predecessors not yet composed in one round trip
-    (``hi`` is the newest): the tiles newer than the newest unpublished one have published at
-    least their monoid; when the newest inclusive state is among them, it and the monoids after
-    it give the carry; otherwise those monoids are composed and the window moves back to the
-    unpublished tile (spinning while it stays unpublished). A long walk costs one round trip per
-    window instead of one per tile."""
-    w = tl.arange(0, WINDOW)
+    One scalar atomic reads the state word holding ``hi`` (the newest predecessor not yet
+    composed) and so the states of the up to 16 tiles of that word at once; of those, the
+    ``WINDOW`` newest up to ``hi`` are looked at. The tiles newer than the newest unpublished
+    one have published at least their monoid; when the newest inclusive state is among them, it
+    and the monoids after it give the carry; otherwise those monoids are composed and the walk
+    moves back to the unpublished tile (spinning while it stays unpublished) or to the previous
+    word. A walk over k unfinished tiles costs about k / WINDOW round trips instead of k."""
+    w = tl.arange(0, 16)
     carry = tl.zeros([BLOCK_D], dtype=tl.float32)
-    # run = the composed monoid of the tiles between hi and tile (identity at first).
+    # run = the composed monoid of the tiles after hi, up to the tile (identity at first).
     run_a = tl.full([BLOCK_D], 1.0, dtype=tl.float32)
     run_b = tl.zeros([BLOCK_D], dtype=tl.float32)
     hi = tile - 1
     while hi >= 0:
-        idx = hi - (WINDOW - 1) + w  # oldest first; idx[WINDOW - 1] == hi
-        live = idx >= 0
-        flag = tl.atomic_add(flags + idx, 0, mask=live, sem="acquire")
-        # Positions before tile 0 count as unpublished: tile 0 publishes its inclusive state, so
-        # they never hide one.
-        flag = tl.where(live, flag, 0)
-        newest_incl = tl.max(tl.where(flag == 2, w, -1), axis=0)
-        newest_gap = tl.max(tl.where(flag == 0, w, -1), axis=0)
+        top = hi % 16
+        word = tl.atomic_add(flags + hi // 16, 0, sem="acquire")
+        # Decoded from one scalar: the same on every thread. 0 none, 1 monoid, 2 inclusive.
+        flag = tl.minimum((word >> (2 * w)) & 3, 2)
+        # Out of this round's reach: as if unpublished (the next round starts there).
+        flag = tl.where(w <= top - WINDOW, 0, flag)
+        looked = w <= top
+        newest_incl = tl.max(tl.where(looked & (flag == 2), w, -1), axis=0)
+        newest_gap = tl.max(tl.where(looked & (flag == 0), w, -1), axis=0)
         cut = tl.maximum(newest_incl, newest_gap)
-        # Window positions after `cut` hold published monoids (flag 1): compose them in order.
-        use = (w > cut)[:, None]
-        offs = slots[None, :] + idx[:, None] * BLOCK_D
-        agg_a = tl.load(agg_a_ptr + offs, mask=use, other=1.0, volatile=True)
-        agg_b = tl.load(agg_b_ptr + offs, mask=use, other=0.0, volatile=True)
-        seg_a, seg_b = tl.associative_scan((agg_a, agg_b), 0, _combine_diag)
-        seg_a = _last_row(seg_a, WINDOW)
-        seg_b = _last_row(seg_b, WINDOW)
-        run_b = run_a * seg_b + run_b
-        run_a = run_a * seg_a
+        # Positions after `cut` (up to top) hold published monoids (flag 1): compose them,
+        # newest first (masked-off rows load the identity, so no branch depends on them).
+        base = hi - top
+        for r in tl.static_range(WINDOW):
+            pos = tl.full([BLOCK_D], r, dtype=tl.int32)
+            pos = top - pos
+            row = slots + (base + pos) * BLOCK_D
+            on = pos > cut
+            agg_a = tl.load(agg_a_ptr + row, mask=on, other=1.0, volatile=True)
+            agg_b = tl.load(agg_b_ptr + row, mask=on, other=0.0, volatile=True)
+            run_b = run_a * agg_b + run_b
+            run_a = run_a * agg_a
         if newest_incl > newest_gap:
-            at = (w == newest_incl)[:, None]
-            state = tl.sum(tl.load(incl_ptr + offs, mask=at, other=0.0, volatile=True), axis=0)
+            state = tl.load(incl_ptr + slots + (base + newest_incl) * BLOCK_D, volatile=True)
             carry = run_a * state + run_b
             hi = -1
         else:
-            hi = hi - (WINDOW - 1) + newest_gap
+            # The unpublished tile, or (newest_gap = -1) the last tile of the word before.
+            hi = hi - top + newest_gap
     return carry
 
 
@@ -215,7 +227,7 @@ def _walk_back(
 def _publish_inclusive(incl_ptr, flags, slots, tile, state, BLOCK_D: tl.constexpr):
     tl.store(incl_ptr + slots + tile * BLOCK_D, state)
     tl.debug_barrier()
-    tl.atomic_xchg(flags + tile, 2, sem="release")
+    _publish(flags, tile, 2)
 
 
 @triton.jit
@@ -251,7 +263,8 @@ def scan_diag_lookback_kernel(
     Adjoint (SHIFT=GRAD_JAC=True): the first tile starts from zero; h0 is the original
     recurrence's initial state, used for ∂L/∂jac at the boundary.
     agg_a_ptr, agg_b_ptr, incl_ptr: ``[B * n_cols_d, n_tiles, BLOCK_D]`` float32 (any contents);
-    flag_ptr: ``[B * n_cols_d, n_tiles]`` int32 zeros; ticket_ptr: one int32 zero.
+    flag_ptr: ``[B * n_cols_d, cdiv(n_tiles, 16)]`` int32 zeros, two state bits per tile (tile j
+    in word j // 16, bits 2 (j % 16) and up); ticket_ptr: one int32 zero.
     """
     ticket = tl.atomic_add(ticket_ptr, 1)
     n_cols = tl.num_programs(0) // n_tiles
@@ -281,7 +294,7 @@ def scan_diag_lookback_kernel(
     tile_b = _last_row(inc_b, GROUPS)
 
     # Look-back: the exact state entering this tile.
-    flags = flag_ptr + col.to(tl.int64) * n_tiles
+    flags = flag_ptr + col.to(tl.int64) * tl.cdiv(n_tiles, 16)
     slots = (col.to(tl.int64) * n_tiles) * BLOCK_D + lanes
     carry = tl.zeros([BLOCK_D], dtype=tl.float32)
     if tile == 0:
@@ -292,7 +305,7 @@ def scan_diag_lookback_kernel(
         tl.store(agg_a_ptr + slots + tile * BLOCK_D, tile_a)
         tl.store(agg_b_ptr + slots + tile * BLOCK_D, tile_b)
         tl.debug_barrier()
-        tl.atomic_xchg(flags + tile, 1, sem="release")
+        _publish(flags, tile, 1)
         carry = _walk_back(agg_a_ptr, agg_b_ptr, incl_ptr, flags, slots, tile, BLOCK_D, WINDOW)
     if INCLUSIVE_EVERY == 1:
         _publish_inclusive(incl_ptr, flags, slots, tile, tile_a * carry + tile_b, BLOCK_D)
@@ -415,7 +428,7 @@ def scan_diag_tiles_kernel(
             prev = tl.where((p0 + rows + 1 == T)[:, None], h0[None, :], prev)
     prod, acc = tl.associative_scan((a, b), 0, _combine_diag)
 
-    flags = flag_ptr + col.to(tl.int64) * n_tiles
+    flags = flag_ptr + col.to(tl.int64) * tl.cdiv(n_tiles, 16)
     slots = (col.to(tl.int64) * n_tiles) * BLOCK_D + lanes
     slots2 = slots[None, :] + tile * BLOCK_D + tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.int64)
     carry = tl.zeros([BLOCK_D], dtype=tl.float32)
@@ -426,14 +439,14 @@ def scan_diag_tiles_kernel(
         _store_last_row(agg_a_ptr, slots2, prod, rows, BLOCK_T)
         _store_last_row(agg_b_ptr, slots2, acc, rows, BLOCK_T)
         tl.debug_barrier()
-        tl.atomic_xchg(flags + tile, 1, sem="release")
+        _publish(flags, tile, 1)
         carry = _walk_back(agg_a_ptr, agg_b_ptr, incl_ptr, flags, slots, tile, BLOCK_D, WINDOW)
     y = acc + prod * carry[None, :]
     if (INCLUSIVE_EVERY == 1) or (tile % INCLUSIVE_EVERY == 0):
         # INCLUSIVE_EVERY > 1 is the testing knob of scan_diag_lookback_kernel.
         _store_last_row(incl_ptr, slots2, y, rows, BLOCK_T)
         tl.debug_barrier()
-        tl.atomic_xchg(flags + tile, 2, sem="release")
+        _publish(flags, tile, 2)
     tl.store(out_ptr + base + rel, y.to(out_ptr.dtype.element_ty), mask=mask)
     if GRAD_JAC:
         tl.store(grad_jac_ptr + base + rel, (y * prev).to(grad_jac_ptr.dtype.element_ty), mask=mask)

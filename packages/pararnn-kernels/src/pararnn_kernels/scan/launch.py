@@ -41,9 +41,9 @@ __all__ = [
 
 ScanMethod = Literal["chunked", "lookback", "tiles"]
 
-#: Predecessors whose flags a look-back reads per round trip (a walk over k unfinished tiles
-#: costs ceil(k / window) round trips instead of k).
-LOOKBACK_WINDOW = 8
+#: Predecessors a look-back round trip looks at, at most (a walk over k unfinished tiles costs
+#: about k / window round trips instead of k); one atomic reads the states of 16 tiles.
+LOOKBACK_WINDOW = 16
 
 
 @dataclass(frozen=True)
@@ -59,8 +59,8 @@ class DiagScanPlan:
             block_t); 1 for the other methods.
         inclusive_every: look-back kernels only, a testing knob: only every n-th tile publishes its
             inclusive state, so successors must walk back over published monoids (1 = all do).
-        window: look-back kernels only: predecessors whose flags one look-back round trip reads
-            (a power of two; 1 walks back one tile per round trip).
+        window: look-back kernels only: predecessors one look-back round trip looks at, at most
+            (a power of two <= 16; 1 walks back one tile per round trip).
     """
 
     method: ScanMethod
@@ -103,8 +103,8 @@ def plan_scan_diag(
     current choice and kept for capability-dependent models.
     """
     del device
-    if window < 1 or window & (window - 1):
-        raise ValueError(f"window must be a power of two >= 1, got {window}")
+    if window < 1 or window > 16 or window & (window - 1):
+        raise ValueError(f"window must be a power of two from 1 to 16, got {window}")
     if method is None:
         method = "tiles" if element_size >= 4 else "lookback"
     four_bytes = element_size >= 4
@@ -188,10 +188,11 @@ def _launch_diag_lookback(
     n_tiles = math.ceil(steps / plan.block_t)
     n_cols = batch * n_cols_d
     dev = rhs.device
-    # Published tile monoids (Π a, state from zero) and inclusive states; flags and the ticket
-    # counter must start at zero, the monoids need no initialisation.
+    # Published tile monoids (Π a, state from zero) and inclusive states; the tile states (two
+    # bits per tile, 16 tiles per word) and the ticket counter must start at zero, the monoids
+    # need no initialisation.
     monoids = torch.empty(3, n_cols, n_tiles, plan.block_d, device=dev, dtype=torch.float32)
-    flags = torch.zeros(n_cols * n_tiles + 1, device=dev, dtype=torch.int32)
+    flags = torch.zeros(n_cols * math.ceil(n_tiles / 16) + 1, device=dev, dtype=torch.int32)
     if plan.method == "tiles":
         kernel = _kernels().scan_diag_tiles_kernel
         shape = {"BLOCK_T": plan.block_t}
