@@ -160,7 +160,11 @@ def test_lookback_window_is_checked() -> None:
             ValueError, match=f"window must be a power of two from 1 to 16, got {window}"
         ):
             launch.plan_scan_diag(2, 64, 8, torch.device("cpu"), window=window)
-    assert launch.plan_scan_diag(2, 64, 8, torch.device("cpu"), window=1).window == 1
+    cpu = torch.device("cpu")
+    assert launch.plan_scan_diag(2, 64, 8, cpu, window=1).window == 1
+    # Defaults: the tiles kernel walks one tile per round trip, the per-thread-runs kernel 16.
+    assert launch.plan_scan_diag(2, 64, 8, cpu, element_size=4).window == 1
+    assert launch.plan_scan_diag(2, 64, 8, cpu, element_size=2).window == launch.LOOKBACK_WINDOW
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])

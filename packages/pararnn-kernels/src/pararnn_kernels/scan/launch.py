@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 __all__ = [
+    "LOOKBACK_WINDOW",
     "DiagScanPlan",
     "ScanMethod",
     "plan_scan_diag",
@@ -42,7 +43,10 @@ __all__ = [
 ScanMethod = Literal["chunked", "lookback", "tiles"]
 
 #: Predecessors a look-back round trip looks at, at most (a walk over k unfinished tiles costs
-#: about k / window round trips instead of k); one atomic reads the states of 16 tiles.
+#: about k / window round trips instead of k); one atomic reads the states of 16 tiles. The
+#: default of the "lookback" kernel; the "tiles" kernel defaults to 1 (H200, 2026-12-03: the
+#: windowed walk costs it registers and was slower at (32, 4096, 512) fp32, 37 % against 82 %
+#: of copy bandwidth, docs/benchmarks.md).
 LOOKBACK_WINDOW = 16
 
 
@@ -85,7 +89,7 @@ def plan_scan_diag(
     num_warps: int | None = None,
     rows: int | None = None,
     inclusive_every: int = 1,
-    window: int = LOOKBACK_WINDOW,
+    window: int | None = None,
 ) -> DiagScanPlan:
     """Launch plan for a ``[batch, steps, channels]`` diagonal scan; arguments override the model.
 
@@ -98,15 +102,20 @@ def plan_scan_diag(
       element rate, not the bytes, bounds bf16, and per-thread runs spend fewer instructions
       per element than a scan across lanes.
 
+    The look-back window (:data:`LOOKBACK_WINDOW`) is 1 for ``"tiles"`` and 16 for
+    ``"lookback"``, the faster of the two at most shapes of each (same sweeps).
+
     ``"chunked"`` is reached only by override. ``batch``, ``steps`` and ``channels`` are part
     of the signature for the model; no choice depends on them yet. ``device`` is unused by the
     current choice and kept for capability-dependent models.
     """
     del device
-    if window < 1 or window > 16 or window & (window - 1):
-        raise ValueError(f"window must be a power of two from 1 to 16, got {window}")
     if method is None:
         method = "tiles" if element_size >= 4 else "lookback"
+    if window is None:
+        window = 1 if method == "tiles" else LOOKBACK_WINDOW
+    if window < 1 or window > 16 or window & (window - 1):
+        raise ValueError(f"window must be a power of two from 1 to 16, got {window}")
     four_bytes = element_size >= 4
     if method == "tiles":
         block_d = block_d or min(64, triton_next_power_of_2(channels))
