@@ -184,3 +184,19 @@ def test_tiny_run_uses_the_gpu() -> None:
     assert next(result.model.parameters()).is_cuda
     assert result.agreement.max_abs_logits < 1e-3
     assert result.history.mean_loss(50, 60) < result.history.mean_loss(0, 10)
+
+
+def test_quickstart_trains_with_newton_kernels_on_cuda() -> None:
+    """On a GPU "auto" may run the fused sequential kernel at the quickstart's sizes; the
+    quickstart asks for the fused Newton kernels there, and the model passes the choice on."""
+    from pararnn_core import ParaRNN
+    from pararnn_examples.tasks.models import ModelConfig, SequenceModel
+    from pararnn_examples.tasks.quickstart import quickstart_backend
+
+    assert quickstart_backend(torch.device("cuda")) == "fused"
+    assert quickstart_backend(torch.device("cpu")) == "auto"
+    model = SequenceModel(
+        ModelConfig(vocab_size=4, num_outputs=2, d_model=8, layers=1, scan_backend="eager")
+    )
+    rnns = [m for m in model.modules() if isinstance(m, ParaRNN)]
+    assert rnns and all(r.config.scan_backend == "eager" for r in rnns)

@@ -77,6 +77,9 @@ class ModelConfig:
         newton_fallback: on a Newton divergence, recompute the layer with the sequential
             recurrence (``on_divergence="sequential"``; counted in ``History.fallbacks``)
             instead of raising :class:`~pararnn_core.NewtonDivergenceError`.
+        scan_backend: ``NewtonConfig.scan_backend``. ``"auto"`` may run the fused *sequential*
+            kernel on a GPU where its cost model finds it faster (small B·D·T; the stats then
+            show 0 Newton iterations); ``"fused"`` always runs the fused Newton kernels.
     """
 
     vocab_size: int
@@ -90,6 +93,7 @@ class ModelConfig:
     newton_tol: float | None = None
     newton_threshold: float | None = None
     newton_fallback: bool = False
+    scan_backend: str = "auto"
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "num_outputs", "d_model", "layers", "newton_iters"):
@@ -201,6 +205,7 @@ class RecurrentBlock(nn.Module):
                 max_iters=config.newton_iters,
                 tol=config.newton_tol,
                 on_divergence="sequential" if config.newton_fallback else "raise",
+                scan_backend=config.scan_backend,
             )
             if config.newton_threshold is not None:
                 newton = replace(newton, divergence_threshold=config.newton_threshold)

@@ -35,6 +35,7 @@ __all__ = [
     "Timing",
     "check_agreement",
     "flip_flop_batch",
+    "quickstart_backend",
     "run_quickstart",
     "time_forwards",
 ]
@@ -279,6 +280,12 @@ class QuickstartResult:
         )
 
 
+def quickstart_backend(device: torch.device) -> str:
+    """The scan backend the quickstart trains with: the fused Newton kernels on CUDA, ``"auto"``
+    (the unfused Newton path) elsewhere."""
+    return "fused" if device.type == "cuda" else "auto"
+
+
 def run_quickstart(
     config: QuickstartConfig, device: torch.device | str = "cpu", *, progress: bool = True
 ) -> QuickstartResult:
@@ -297,6 +304,9 @@ def run_quickstart(
             d_model=config.d_model,
             layers=config.layers,
             cell=config.cell,
+            # The point is Newton: on a GPU "auto" would pick the fused sequential kernel at
+            # these sizes (its cost model), so ask for the fused Newton kernels there.
+            scan_backend=quickstart_backend(device),
         ),
         device,
     )
