@@ -214,8 +214,9 @@ def _scan_diag_launches(rec: _Recorder) -> None:
         # The default plan at T and D that are not multiples of 16, in one channel block: no
         # divisibility hints, n_cols_d folded to 1 (the adjoint, the larger program).
         run(dtype, SCAN_CASES_H0[1:], (3, 1000, 50))
-    # The serial look-back walk (a window of one tile).
-    run(torch.float32, SCAN_CASES_H0[:1], (2, 1024, 128), method="tiles", window=1)
+    # The tiles kernel with the windowed look-back walk (its default walks one tile per round
+    # trip; the per-thread-runs kernel's default is the window).
+    run(torch.float32, SCAN_CASES_H0[:1], (2, 1024, 128), method="tiles", window=16)
 
 
 def _scan_block_launches(rec: _Recorder) -> None:
