@@ -93,25 +93,19 @@ PLANS_SMALL: list[dict[str, object]] = [
     {"method": "chunked", "block_t": 8, "block_d": 4},
     {"method": "chunked", "block_t": 16, "block_d": 8},
     {"method": "chunked", "block_t": 8, "block_d": 16},
-    {"method": "lookback", "block_t": 8, "rows": 2, "block_d": 4},
-    {"method": "lookback", "block_t": 16, "rows": 16, "block_d": 8},
+    # Every tile publishes its inclusive state: the walk is one round trip, window 1 keeps the
+    # interpreter's copy of it short.
+    {"method": "lookback", "block_t": 8, "rows": 2, "block_d": 4, "window": 1},
+    {"method": "lookback", "block_t": 16, "rows": 16, "block_d": 8, "window": 1},
     {"method": "lookback", "block_t": 32, "rows": 4, "block_d": 16},
-    # Tiles 1-3, 5-7, ... never publish an inclusive state: the walk composes monoids.
-    {"method": "lookback", "block_t": 8, "rows": 4, "block_d": 4, "inclusive_every": 4},
-    {"method": "lookback", "block_t": 4, "rows": 2, "block_d": 8, "inclusive_every": 1000},
     {"method": "tiles", "block_t": 8, "block_d": 4},
     {"method": "tiles", "block_t": 16, "block_d": 16},
+    # Tiles 1-3, 5-7, ... never publish an inclusive state: the walk composes monoids, with the
+    # default windows (16 for lookback, 1 for tiles) and windows of 2 and 16 forced.
+    {"method": "lookback", "block_t": 8, "rows": 4, "block_d": 4, "inclusive_every": 4},
+    {"method": "lookback", "block_t": 4, "rows": 2, "block_d": 8, "inclusive_every": 1000},
     {"method": "tiles", "block_t": 4, "block_d": 8, "inclusive_every": 4},
-    {"method": "tiles", "block_t": 8, "block_d": 4, "inclusive_every": 1000},
-    # Look-back windows of one tile (the serial walk) and of two (several round trips per walk).
-    {
-        "method": "lookback",
-        "block_t": 8,
-        "rows": 4,
-        "block_d": 4,
-        "inclusive_every": 4,
-        "window": 1,
-    },
+    {"method": "tiles", "block_t": 8, "block_d": 4, "inclusive_every": 1000, "window": 16},
     {"method": "tiles", "block_t": 4, "block_d": 8, "inclusive_every": 8, "window": 2},
 ]
 PLANS_GPU: list[dict[str, object]] = [
