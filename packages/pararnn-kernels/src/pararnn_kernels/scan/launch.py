@@ -48,6 +48,8 @@ ScanMethod = Literal["chunked", "lookback", "tiles"]
 #: windowed walk costs it registers and was slower at (32, 4096, 512) fp32, 37 % against 82 %
 #: of copy bandwidth, docs/benchmarks.md).
 LOOKBACK_WINDOW = 16
+# Tiles whose two state bits share one int32 word in the look-back kernels (the kernels' `16`).
+_TILES_PER_WORD = 16
 
 
 @dataclass(frozen=True)
@@ -64,7 +66,8 @@ class DiagScanPlan:
         inclusive_every: look-back kernels only, a testing knob: only every n-th tile publishes its
             inclusive state, so successors must walk back over published monoids (1 = all do).
         window: look-back kernels only: predecessors one look-back round trip looks at, at most
-            (a power of two <= 16; 1 walks back one tile per round trip).
+            (a power of two <= 16; 1 walks back one tile per round trip). :func:`plan_scan_diag`
+            picks it per method; the field's default is the one-tile walk.
     """
 
     method: ScanMethod
@@ -73,7 +76,7 @@ class DiagScanPlan:
     num_warps: int = 4
     rows: int = 8
     inclusive_every: int = 1
-    window: int = LOOKBACK_WINDOW
+    window: int = 1
 
 
 def plan_scan_diag(
@@ -114,8 +117,8 @@ def plan_scan_diag(
         method = "tiles" if element_size >= 4 else "lookback"
     if window is None:
         window = 1 if method == "tiles" else LOOKBACK_WINDOW
-    if window < 1 or window > 16 or window & (window - 1):
-        raise ValueError(f"window must be a power of two from 1 to 16, got {window}")
+    if window < 1 or window > _TILES_PER_WORD or window & (window - 1):
+        raise ValueError(f"window must be a power of two from 1 to {_TILES_PER_WORD}, got {window}")
     four_bytes = element_size >= 4
     if method == "tiles":
         block_d = block_d or min(64, triton_next_power_of_2(channels))
@@ -198,10 +201,11 @@ def _launch_diag_lookback(
     n_cols = batch * n_cols_d
     dev = rhs.device
     # Published tile monoids (Π a, state from zero) and inclusive states; the tile states (two
-    # bits per tile, 16 tiles per word) and the ticket counter must start at zero, the monoids
-    # need no initialisation.
+    # bits per tile) and the ticket counter must start at zero, the monoids need no
+    # initialisation.
     monoids = torch.empty(3, n_cols, n_tiles, plan.block_d, device=dev, dtype=torch.float32)
-    flags = torch.zeros(n_cols * math.ceil(n_tiles / 16) + 1, device=dev, dtype=torch.int32)
+    words = math.ceil(n_tiles / _TILES_PER_WORD)
+    flags = torch.zeros(n_cols * words + 1, device=dev, dtype=torch.int32)
     if plan.method == "tiles":
         kernel = _kernels().scan_diag_tiles_kernel
         shape = {"BLOCK_T": plan.block_t}
