@@ -6,6 +6,7 @@ import csv
 import json
 import runpy
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -352,3 +353,33 @@ def test_module_entry_point_runs(
         runpy.run_module("pararnn_examples.bench", run_name="__main__")
     assert exit_info.value.code == 0
     assert "usage: pararnn-bench" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("first_is_warm", [False, True])
+def test_a_slow_first_call_is_the_timing_only_when_nothing_compiles(first_is_warm: bool) -> None:
+    from pararnn_examples.bench.measure import measure
+
+    calls: list[float] = []
+
+    def slow() -> None:
+        calls.append(time.perf_counter())
+        time.sleep(0.02)
+
+    timing = measure(
+        slow, torch.device("cpu"), warmup=3, repeats=5, slow_ms=5.0, first_is_warm=first_is_warm
+    )
+    # Slow: no further warm-up; one timed call after the first, or the first itself.
+    assert len(calls) == (1 if first_is_warm else 2)
+    assert len(timing.times_ms) == 1
+    assert timing.times_ms[0] >= 20.0
+    # A fast call is warmed up and repeated whatever the flag says.
+    calls.clear()
+    timing = measure(
+        lambda: calls.append(0.0),
+        torch.device("cpu"),
+        warmup=3,
+        repeats=5,
+        slow_ms=5.0,
+        first_is_warm=first_is_warm,
+    )
+    assert len(calls) == 3 + 5 and len(timing.times_ms) == 5

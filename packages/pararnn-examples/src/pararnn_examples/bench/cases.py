@@ -173,7 +173,8 @@ class BenchConfig:
         device: ``"cuda"`` or ``"cpu"``.
         warmup: untimed calls before the timed ones (``>= 1``: the first call compiles kernels).
         repeats: timed calls per case; the median is reported.
-        slow_ms: a case whose warm-up call takes longer than this is timed once more and no more.
+        slow_ms: a case whose warm-up call takes longer than this is timed once more and no more
+            (a method that compiles nothing, the eager step loop, is timed by that call).
         max_seq_steps: the eager step loop (``sequential_eager``, and the float64 sequential
             reference) runs up to this T; above it the method is recorded as skipped and the
             reference is a float64 Newton solve converged to a residual of 1e-10.

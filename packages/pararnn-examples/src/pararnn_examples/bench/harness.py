@@ -357,6 +357,7 @@ def _run_method(
                 slow_ms=config.slow_ms,
                 flush=flush,
                 first_ms=first,
+                first_is_warm=not runner.compiles,
             )
         except Exception as err:
             record.status, record.skipped_reason = _failure(err, config)

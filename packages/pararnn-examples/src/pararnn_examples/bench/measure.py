@@ -121,6 +121,7 @@ def measure(
     slow_ms: float,
     flush: Tensor | None = None,
     first_ms: float | None = None,
+    first_is_warm: bool = False,
 ) -> Timing:
     """Time ``fn``: warm-up calls, then ``repeats`` timed calls (fewer when it is slow).
 
@@ -128,6 +129,10 @@ def measure(
     call already). When it is slower than ``slow_ms`` no more warm-up runs; one call is timed,
     and only if that one is faster than ``slow_ms`` (the first was compiling) do the other
     ``repeats - 1`` follow. Peak memory is tracked over the timed calls.
+
+    With ``first_is_warm`` (``fn`` compiles nothing) and no ``first_ms``, a first call slower
+    than ``slow_ms`` is the one timed call: its wall time, synchronized before and after (over
+    ``slow_ms`` the difference from CUDA events is noise), and the peak memory during it.
 
     Args:
         fn: the call to time.
@@ -137,24 +142,38 @@ def measure(
         slow_ms: the threshold above.
         flush: an :func:`l2_flush_buffer`, zeroed before each timed call.
         first_ms: wall time of a first call the caller already made.
+        first_is_warm: ``fn`` compiles nothing, so a slow first call may be the timed one.
     """
-    first = _wall_ms(fn, device) if first_ms is None else first_ms
+    cuda = device.type == "cuda"
+
+    def reset_peak() -> int:
+        if not cuda:
+            return 0
+        _sync(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        return torch.cuda.memory_allocated(device)
+
+    def timing(times: list[float], start_bytes: int) -> Timing:
+        if not cuda:
+            return Timing(tuple(times), None, None)
+        peak = torch.cuda.max_memory_allocated(device)
+        return Timing(tuple(times), peak, peak - start_bytes)
+
+    if first_ms is None:
+        start_bytes = reset_peak()
+        first = _wall_ms(fn, device)
+        if first_is_warm and first > slow_ms:
+            return timing([first], start_bytes)
+    else:
+        first = first_ms
     if first <= slow_ms:
         for _ in range(warmup - 1):
             fn()
-    cuda = device.type == "cuda"
-    start_bytes = 0
-    if cuda:
-        _sync(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        start_bytes = torch.cuda.memory_allocated(device)
+    start_bytes = reset_peak()
     times = [time_call_ms(fn, device, flush)]
     if times[0] <= slow_ms:
         times += [time_call_ms(fn, device, flush) for _ in range(repeats - 1)]
-    if not cuda:
-        return Timing(tuple(times), None, None)
-    peak = torch.cuda.max_memory_allocated(device)
-    return Timing(tuple(times), peak, peak - start_bytes)
+    return timing(times, start_bytes)
 
 
 def copy_bandwidth(device: torch.device, nbytes: int, *, repeats: int = 10) -> float:

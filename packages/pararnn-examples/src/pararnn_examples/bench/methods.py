@@ -103,7 +103,9 @@ def scan_reference(inputs: ScanInputs) -> Reference:
     return Reference(y, "sequential_fp64")
 
 
-def _pararnn_runner(case: Case, inputs: CaseInputs, config: BenchConfig, apply: ApplyFn) -> Runner:
+def _pararnn_runner(
+    case: Case, inputs: CaseInputs, config: BenchConfig, apply: ApplyFn, *, compiles: bool = True
+) -> Runner:
     cell, source, cotangent = inputs.cell, inputs.inputs, inputs.cotangent
     params = list(cell.parameters())
     layer = case.scope == "layer"
@@ -129,6 +131,7 @@ def _pararnn_runner(case: Case, inputs: CaseInputs, config: BenchConfig, apply: 
         reference=lambda: pararnn_reference(cell, source, config),
         reference_key="pararnn_states",
         stats=lambda: last[0],
+        compiles=compiles,
     )
 
 
@@ -205,7 +208,7 @@ def _build_sequential_eager(case: Case, inputs: CaseInputs, config: BenchConfig)
     def apply(cell: pc.ParaCell, x: Tensor) -> tuple[Tensor, pc.NewtonStats | None]:
         return pc.sequential_apply(cell, x), None
 
-    return _pararnn_runner(case, inputs, config, apply)
+    return _pararnn_runner(case, inputs, config, apply, compiles=False)
 
 
 def _cudnn_available(case: Case, config: BenchConfig) -> str | None:

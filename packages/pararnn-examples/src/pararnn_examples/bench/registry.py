@@ -118,6 +118,10 @@ class Runner:
         to_reference_layout: maps ``forward()``'s result to the reference's layout before the
             check, outside the timed calls (e.g. a peer's ``[B, D, T]`` back to ``[B, T, D]``).
         note: a remark for every record of this method (e.g. which backend a peer ran).
+        compiles: False when the method's first call compiles or builds nothing (the eager step
+            loop): then a first forward+backward slower than ``BenchConfig.slow_ms`` is itself
+            the timed call, not a warm-up followed by one (the step loop's forward+backward
+            takes minutes at T = 65536).
     """
 
     forward: Callable[[], Tensor]
@@ -128,6 +132,7 @@ class Runner:
     tolerance: float | None = None
     to_reference_layout: Callable[[Tensor], Tensor] = _same_layout
     note: str = ""
+    compiles: bool = True
 
 
 def _always_available(case: Case, config: BenchConfig) -> str | None:
