@@ -121,6 +121,17 @@ PLANS_GPU: list[dict[str, object]] = [
 ]
 
 
+def _needs_long_input(plan: dict[str, object]) -> bool:
+    """Whether a plan reaches fewer than four tiles at T = 63.
+
+    In the interpreter the longer input runs only these: plans with short tiles (and every
+    forced look-back walk, which costs most there) already cross a dozen tile boundaries at 63.
+    """
+    block_t = plan["block_t"]
+    assert isinstance(block_t, int)
+    return block_t >= 16 and "inclusive_every" not in plan
+
+
 @pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
 @pytest.mark.parametrize("steps", [17, 63, 200, 1000])
 def test_chunk_and_segment_boundaries(
@@ -138,6 +149,8 @@ def test_chunk_and_segment_boundaries(
     grad_y = torch.randn_like(rhs)
     ref_y, ref_gj, ref_gr, ref_gh = sequential_with_grads(jac, rhs, h0, grad_y, reverse)
     for plan in PLANS_SMALL if case.small else PLANS_GPU:
+        if case.small and steps > 63 and not _needs_long_input(plan):
+            continue
         label = " ".join(f"{k}={v}" for k, v in plan.items())
         y = launch.triton_scan_diag(jac, rhs, h0, reverse=reverse, **plan)
         assert_close(y, ref_y, tol=1e-5, name=f"y {label}")
