@@ -200,3 +200,13 @@ def test_quickstart_trains_with_newton_kernels_on_cuda() -> None:
     )
     rnns = [m for m in model.modules() if isinstance(m, ParaRNN)]
     assert rnns and all(r.config.scan_backend == "eager" for r in rnns)
+
+
+def test_timing_length_follows_the_device_unless_given() -> None:
+    from pararnn_examples.tasks.quickstart import QuickstartConfig, default_time_length
+
+    assert default_time_length(torch.device("cuda")) == 16384
+    assert default_time_length(torch.device("cpu")) == 1024
+    assert QuickstartConfig().time_length is None
+    with pytest.raises(ValueError, match="time_length must be a positive int, got 0"):
+        QuickstartConfig(time_length=0)

@@ -34,6 +34,7 @@ __all__ = [
     "QuickstartResult",
     "Timing",
     "check_agreement",
+    "default_time_length",
     "flip_flop_batch",
     "quickstart_backend",
     "run_quickstart",
@@ -96,7 +97,8 @@ class QuickstartConfig:
         d_model: width; layers: recurrent blocks; cell: ParaRNN cell.
         p_write: write probability of the flip-flop task.
         eval_batch: sequences of the accuracy / agreement batch.
-        time_length: ``T`` of the timing batch (``eval_batch`` sequences).
+        time_length: ``T`` of the timing batch (``eval_batch`` sequences); None for
+            :func:`default_time_length` of the device.
         time_repeats: timed runs per forward (after one warm-up).
         seed: seeds init and data.
     """
@@ -110,7 +112,7 @@ class QuickstartConfig:
     cell: str = "gru"
     p_write: float = 0.1
     eval_batch: int = 64
-    time_length: int = 1024
+    time_length: int | None = None
     time_repeats: int = 5
     seed: int = 0
 
@@ -126,6 +128,8 @@ class QuickstartConfig:
             "time_repeats",
         ):
             value = getattr(self, name)
+            if name == "time_length" and value is None:
+                continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         if self.cell not in CELLS or self.cell == "linear":
@@ -280,6 +284,13 @@ class QuickstartResult:
         )
 
 
+def default_time_length(device: torch.device) -> int:
+    """``T`` of the timing batch when the config leaves it open: 16384 on a GPU, where the
+    sequential kernel's per-step latency adds up (at ``T = 1024`` and these widths the two
+    forwards cost about the same), 1024 elsewhere (the eager step loop is slow on the CPU)."""
+    return 16384 if device.type == "cuda" else 1024
+
+
 def quickstart_backend(device: torch.device) -> str:
     """The scan backend the quickstart trains with: the fused Newton kernels on CUDA, ``"auto"``
     (the unfused Newton path) elsewhere."""
@@ -336,8 +347,9 @@ def run_quickstart(
         config.eval_batch, config.length, test, p_write=config.p_write, device=device
     )
     agreement = check_agreement(model, tokens, targets)
+    time_length = config.time_length or default_time_length(device)
     long_tokens, _ = flip_flop_batch(
-        config.eval_batch, config.time_length, test, p_write=config.p_write, device=device
+        config.eval_batch, time_length, test, p_write=config.p_write, device=device
     )
     timing = time_forwards(model, long_tokens, repeats=config.time_repeats)
     return QuickstartResult(config, model, history, seconds, agreement, timing)
