@@ -243,9 +243,17 @@ def _check_states(
         )
 
 
+#: ``(kernel module, prefix, kind) -> @triton.jit kernel``, looked up once.
+_KERNELS: dict[tuple[str, str, str], Any] = {}
+
+
 def _kernel(spec: CellSpec, kind: str) -> Any:
-    module = importlib.import_module(f".{spec.kernels}", __package__)
-    return torch.library.wrap_triton(getattr(module, f"{spec.prefix}_{kind}_kernel"))
+    key = (spec.kernels, spec.prefix, kind)
+    if key not in _KERNELS:
+        module = importlib.import_module(f".{spec.kernels}", __package__)
+        _KERNELS[key] = getattr(module, f"{spec.prefix}_{kind}_kernel")
+    # Wrapped per call (a light object), so whoever replaces wrap_triton sees every launch.
+    return torch.library.wrap_triton(_KERNELS[key])
 
 
 def _stacked(weights: Sequence[Tensor]) -> Tensor:
@@ -424,19 +432,23 @@ def newton(
     segments = math.ceil(steps / seg_len)
     hist_len = triton_next_power_of_2(max_iters + 2)
 
+    # Host-side work is a large share of a call at moderate sizes: as few tensor ops as the
+    # single-segment case needs (its start state is h0 itself, read only).
     tail = spec.state_tail(channels)
-    starts = torch.empty(segments, batch, *tail, device=dev, dtype=torch.float32)
-    if h0 is None:
-        starts[0] = spec.empty_state((batch,), channels, dev, torch.float32)
+    start0 = spec.empty_state((batch,), channels, dev, torch.float32) if h0 is None else h0.float()
+    if segments == 1:
+        starts = start0.unsqueeze(0).contiguous()
     else:
-        starts[0] = h0.float()
-    if segments > 1:
+        starts = torch.empty(segments, batch, *tail, device=dev, dtype=torch.float32)
+        starts[0] = start0
         seg_t = torch.arange(1, segments, device=dev) * seg_len
         starts[1:] = _segment_guess(spec, u, rows, seg_t, channels, initial_guess == "step")
     out = torch.empty(batch, steps, *tail, device=dev, dtype=u.dtype)
     ends = torch.empty_like(starts)
-    jac_tail = () if k == 1 else (k, k)
-    jprod = torch.empty(segments, batch, channels, *jac_tail, device=dev, dtype=torch.float32)
+    jprod = ends  # not written without NEED_JPROD
+    if segments > 1:
+        jac_tail = () if k == 1 else (k, k)
+        jprod = torch.empty(segments, batch, channels, *jac_tail, device=dev, dtype=torch.float32)
     kernel = _kernel(spec, "newton")
     hists: list[Tensor] = []
     all_iters: list[Tensor] = []
@@ -473,32 +485,26 @@ def newton(
 
     run_pass(0, 1 if initial_guess == "step" else 0)
     passes = 1
-    mismatch = torch.zeros((), device=dev)
+    gap_end = 0.0
     while segments > 1:
         # The correction pass warm-starts from the states it has (GUESS=2).
         starts = _corrected_starts(spec, starts, ends, jprod)
         run_pass(1, 2)
         passes += 1
-        mismatch = (ends[:-1] - starts[1:]).abs().amax()
         # One host sync per correction pass (the first correction needs none before it).
-        gap = float(mismatch)
-        if not math.isfinite(gap) or gap <= tol or passes >= MAX_SEGMENT_PASSES:
+        gap_end = float((ends[:-1] - starts[1:]).abs().amax())
+        if not math.isfinite(gap_end) or gap_end <= tol or passes >= MAX_SEGMENT_PASSES:
             break
 
-    # Everything the stats need, read back in one sync.
-    hist_all = torch.cat(hists)
-    per_iter = hist_all[:, : max_iters + 1].amax(dim=0)
-    summary = torch.cat(
-        [
-            per_iter,
-            hist_all[:, -1].amax().unsqueeze(0),
-            mismatch.float().unsqueeze(0),
-            torch.cat(all_iters).amax().float().unsqueeze(0),
-        ]
-    ).tolist()
+    # Everything else the stats need, read back in one sync: each history column's largest
+    # entry over the programs (the residual before update k; in the last column the largest a
+    # chunk stopped at), then the most updates any chunk ran.
+    hist_all = hists[0] if len(hists) == 1 else torch.cat(hists)
+    iters_all = all_iters[0] if len(all_iters) == 1 else torch.cat(all_iters)
+    summary = torch.cat([hist_all.amax(dim=0), iters_all.amax().float().unsqueeze(0)]).tolist()
     most = int(summary[-1])
     residuals = tuple(float(v) for v in summary[: most + 1])
-    stopped, gap_end = summary[max_iters + 1], summary[max_iters + 2]
+    stopped = summary[hist_len - 1]
     worst = max(stopped, gap_end)
     if any(not math.isfinite(v) for v in (*residuals, stopped, gap_end)):
         worst = math.inf
