@@ -170,8 +170,28 @@ def test_lookback_window_is_checked() -> None:
     cpu = torch.device("cpu")
     assert launch.plan_scan_diag(2, 64, 8, cpu, window=1).window == 1
     # Defaults: the tiles kernel walks one tile per round trip, the per-thread-runs kernel 16.
-    assert launch.plan_scan_diag(2, 64, 8, cpu, element_size=4).window == 1
-    assert launch.plan_scan_diag(2, 64, 8, cpu, element_size=2).window == launch.LOOKBACK_WINDOW
+    assert launch.plan_scan_diag(2, 64, 16, cpu, element_size=4).window == 1
+    assert launch.plan_scan_diag(2, 64, 16, cpu, element_size=2).window == launch.LOOKBACK_WINDOW
+
+
+def test_default_method_follows_storage_and_channel_alignment() -> None:
+    cpu = torch.device("cpu")
+    aligned = launch.ALIGNED_CHANNELS
+    for channels, element_size, method in [
+        (aligned * 4, 4, "tiles"),
+        (50, 4, "tiles"),
+        (aligned * 4, 2, "lookback"),
+        (aligned, 2, "lookback"),
+        # Rows not provably aligned: the per-thread-runs kernel spills there (plan docstring).
+        (50, 2, "tiles"),
+        (aligned * 4 + 8, 2, "tiles"),
+    ]:
+        plan = launch.plan_scan_diag(3, 1000, channels, cpu, element_size=element_size)
+        assert plan.method == method, (channels, element_size, plan)
+    # An explicit method wins.
+    assert launch.plan_scan_diag(3, 1000, 50, cpu, element_size=2, method="lookback").method == (
+        "lookback"
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])

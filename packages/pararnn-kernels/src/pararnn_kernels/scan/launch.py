@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 __all__ = [
+    "ALIGNED_CHANNELS",
     "LOOKBACK_WINDOW",
     "DiagScanPlan",
     "ScanMethod",
@@ -48,6 +49,9 @@ ScanMethod = Literal["chunked", "lookback", "tiles"]
 #: windowed walk costs it registers and was slower at (32, 4096, 512) fp32, 37 % against 82 %
 #: of copy bandwidth, docs/benchmarks.md).
 LOOKBACK_WINDOW = 16
+#: Channel counts divisible by this let Triton prove each row's start aligned (its divisibility
+#: hint) and vectorize; the 2-byte default plan needs it (:func:`plan_scan_diag`).
+ALIGNED_CHANNELS = 16
 # Tiles whose two state bits share one int32 word in the look-back kernels (the kernels' `16`).
 _TILES_PER_WORD = 16
 
@@ -103,18 +107,24 @@ def plan_scan_diag(
       bandwidth at B·D >= 2^12, forward and adjoint; the chunked pass peaked at 78-80 %);
     * 2-byte storage: ``"lookback"``, tiles of 256 steps (4 per thread) x 64 channels -- the
       element rate, not the bytes, bounds bf16, and per-thread runs spend fewer instructions
-      per element than a scan across lanes.
+      per element than a scan across lanes -- unless ``channels`` is not a multiple of
+      :data:`ALIGNED_CHANNELS`: then ``"tiles"``. Without that divisibility Triton cannot prove
+      the rows aligned, and for sm_90 (triton 3.6) the look-back kernel's default plan compiles
+      with 1.4-2.8 KB of register spills per thread, and with 32 registers and 14-21 KB of
+      spills when ``steps`` is not a multiple of 16 either; the tiles kernel compiles without
+      spills at those sizes (``tests/kernels/gpu_compile.py`` prints the register counts).
 
     The look-back window (:data:`LOOKBACK_WINDOW`) is 1 for ``"tiles"`` and 16 for
     ``"lookback"``, the faster of the two at most shapes of each (same sweeps).
 
-    ``"chunked"`` is reached only by override. ``batch``, ``steps`` and ``channels`` are part
-    of the signature for the model; no choice depends on them yet. ``device`` is unused by the
-    current choice and kept for capability-dependent models.
+    ``"chunked"`` is reached only by override. ``batch`` and ``steps`` are part of the
+    signature for the model; no choice depends on them yet. ``device`` is unused by the current
+    choice and kept for capability-dependent models.
     """
     del device
     if method is None:
-        method = "tiles" if element_size >= 4 else "lookback"
+        aligned = channels % ALIGNED_CHANNELS == 0
+        method = "lookback" if element_size < 4 and aligned else "tiles"
     if window is None:
         window = 1 if method == "tiles" else LOOKBACK_WINDOW
     if window < 1 or window > _TILES_PER_WORD or window & (window - 1):
