@@ -20,20 +20,13 @@ import torch
 import triton.testing
 from torch.profiler import ProfilerActivity, profile
 
+from pararnn_examples.bench import Shape, parse_shape
 from pararnn_kernels.fused import fused_gru_newton, fused_gru_sequential, plan_fused_gru
-
-
-def parse_shape(text: str) -> tuple[int, int, int]:
-    parts = text.lower().split("x")
-    if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
-        raise argparse.ArgumentTypeError(f"shape must be BxTxD with positive ints, got {text!r}")
-    batch, steps, width = (int(p) for p in parts)
-    return batch, steps, width
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shape", type=parse_shape, default=(8, 4096, 256), help="BxTxD")
+    parser.add_argument("--shape", type=parse_shape, default=Shape(8, 4096, 256), help="BxTxD")
     parser.add_argument("--kernel-only", action="store_true", help="three calls, no timing")
     args = parser.parse_args()
     if not torch.cuda.is_available():

@@ -122,11 +122,9 @@ PLANS_GPU: list[dict[str, object]] = [
 
 
 def _needs_long_input(plan: dict[str, object]) -> bool:
-    """Whether a plan reaches fewer than four tiles at T = 63.
-
-    In the interpreter the longer input runs only these: plans with short tiles (and every
-    forced look-back walk, which costs most there) already cross a dozen tile boundaries at 63.
-    """
+    """Whether the interpreter runs a plan at T = 200 too: plans of tiles of 16 steps or more
+    (at most four tiles at T = 63) that do not force a look-back walk. Shorter tiles already
+    cross seven or more tile boundaries at T = 63, and forced walks cost most there."""
     block_t = plan["block_t"]
     assert isinstance(block_t, int)
     return block_t >= 16 and "inclusive_every" not in plan
