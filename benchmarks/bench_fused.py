@@ -18,6 +18,7 @@ import time
 import torch
 import triton.testing
 
+from pararnn_examples.bench import parse_shape
 from pararnn_kernels.fused import (
     FusedPlan,
     fused_gru_backward,
@@ -30,7 +31,7 @@ from pararnn_kernels.fused import (
 TILES = [
     (bt, bd, w)
     for bt in (64, 128, 256, 512)
-    for bd in (4, 8, 16)
+    for bd in (1, 2, 4, 8, 16)
     for w in (1, 2, 4)
     if bt * bd // (32 * w) <= 64 and bt * bd >= 32 * w
 ]
@@ -45,7 +46,7 @@ def copy_bandwidth() -> float:
 
 
 def bench_shape(
-    batch: int, steps: int, channels: int, bandwidth: float, quick: bool
+    batch: int, steps: int, channels: int, bandwidth: float, quick: bool, kinds: set[str]
 ) -> list[dict[str, object]]:
     """Every plan of the fused kernels at one shape; prints a line per case."""
     records: list[dict[str, object]] = []
@@ -56,7 +57,7 @@ def bench_shape(
     h0 = 0.5 * torch.randn(batch, channels, device=dev)
     floor_ms = 4 * u[..., :channels].numel() * 4 / bandwidth * 1e3
     seq_ms = triton.testing.do_bench(lambda: fused_gru_sequential(u, weight, h0))
-    for bd in (16, 32, 64, 128):
+    for bd in (16, 32, 64, 128) if "sequential" in kinds else ():
         for rows in (1, 4, 8, 16):
             ms = triton.testing.do_bench(
                 lambda bd=bd, rows=rows: fused_gru_sequential(u, weight, h0, block_d=bd, rows=rows)
@@ -102,15 +103,18 @@ def bench_shape(
 
     run(default)
     # Stage 1: tile shapes without segments; stage 2: segments with the best tile.
-    tiles = [(128, 16, 4)] if quick else list(TILES)
+    tiles = [] if "newton" not in kinds else [(128, 16, 4)] if quick else list(TILES)
     timed = {tile: run(FusedPlan(*tile[:2], 1, tile[2])) for tile in tiles}
-    best = min((t for t in timed if timed[t] is not None), key=lambda t: timed[t] or 0.0)
-    for segments in (2, 4, 8, 16, 32, 64):
-        run(FusedPlan(best[0], best[1], segments, best[2]))
+    finished = [t for t in timed if timed[t] is not None]
+    if finished:
+        best = min(finished, key=lambda t: timed[t] or 0.0)
+        for segments in (2, 4, 8, 16, 32, 64):
+            run(FusedPlan(best[0], best[1], segments, best[2]))
 
     grad = torch.randn_like(reference)
     bwd_floor = (3 + 1 + 1 + 3) * reference.numel() * 4 / bandwidth * 1e3
-    for bt, bd, warps in [(64, 8, 4)] if quick else TILES:
+    backward_tiles = [] if "backward" not in kinds else [(64, 8, 4)] if quick else TILES
+    for bt, bd, warps in backward_tiles:
         ms = triton.testing.do_bench(
             lambda bt=bt, bd=bd, w=warps: fused_gru_backward(
                 u, weight, h0, reference, grad, block_t=bt, block_d=bd, num_warps=w
@@ -127,13 +131,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=pathlib.Path, required=True, help="folder for results.json")
     parser.add_argument("--quick", action="store_true", help="fewer plans")
+    parser.add_argument(
+        "--kinds",
+        nargs="+",
+        choices=("newton", "backward", "sequential"),
+        default=["newton", "backward", "sequential"],
+        help="which kernels' launch shapes to sweep (the default plans are always timed)",
+    )
+    parser.add_argument(
+        "--shapes", nargs="+", type=parse_shape, default=SHAPES, help="BxTxD shapes"
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     bandwidth = copy_bandwidth()
     print(f"copy bandwidth {bandwidth / 1e9:.0f} GB/s")
     records: list[dict[str, object]] = []
-    for batch, steps, channels in SHAPES:
-        records += bench_shape(batch, steps, channels, bandwidth, args.quick)
+    for batch, steps, channels in args.shapes:
+        records += bench_shape(batch, steps, channels, bandwidth, args.quick, set(args.kinds))
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     payload = dict(date=stamp, bandwidth=bandwidth, records=records)
     (args.out / "results.json").write_text(json.dumps(payload, indent=1))
