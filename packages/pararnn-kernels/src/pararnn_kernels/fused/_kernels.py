@@ -97,8 +97,7 @@ def gru_newton_kernel(
     out_ptr,
     end_ptr,
     jprod_ptr,
-    hist_ptr,
-    iters_ptr,
+    stats_ptr,
     T,
     D,
     seg_len,
@@ -116,15 +115,14 @@ def gru_newton_kernel(
 
     Program ``(d, b, s)`` runs segment ``first_seg + s``. ``GUESS``: 0 zeros, 1 ``f(0, u_t)``,
     2 the states already in ``out`` (a warm start: a correction pass after the segment start
-    states moved). ``hist [S * B * cdiv(D, BLOCK_D), HIST]``: per program, the max residual
-    over its chunks before update k (entry k; -1 where no chunk got that far; +inf for a
-    non-finite residual), and in the last entry the largest residual a chunk stopped at;
-    ``iters`` the most updates any of its chunks ran.
+    states moved). ``stats [HIST + 1]`` (zeroed by the launcher) receives maxima over all
+    programs (``_publish_stats``): entry k the max residual of the chunks before update k
+    (+inf for a non-finite residual), entry ``HIST - 1`` the largest residual a chunk stopped
+    at, entry ``HIST`` the most updates any chunk ran.
     """
     pid_d = tl.program_id(0)
     pid_b = tl.program_id(1)
     seg = tl.program_id(2) + first_seg
-    n_d = tl.num_programs(0)
     n_b = tl.num_programs(1)
     offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
     mask_d = offs_d < D
@@ -193,9 +191,7 @@ def gru_newton_kernel(
     tl.store(end_ptr + seg_slot, h, mask=mask_d)
     if NEED_JPROD:
         tl.store(jprod_ptr + seg_slot, jprod, mask=mask_d)
-    program = (tl.program_id(2) * n_b + pid_b) * n_d + pid_d
-    tl.store(hist_ptr + program.to(tl.int64) * HIST + slots, hist)
-    tl.store(iters_ptr + program, most_iters)
+    _publish_stats(stats_ptr, hist, slots, most_iters, HIST)
 
 
 @triton.jit
@@ -379,6 +375,15 @@ def _shift_rows(x, before, rows, carry):
     """Row ``i`` gets row ``i - 1`` of ``x``; row 0 gets ``carry [BLOCK_D]``."""
     shifted = tl.gather(x, before, 0)
     return tl.where((rows == 0)[:, None], carry[None, :], shifted)
+
+
+@triton.jit
+def _publish_stats(stats_ptr, hist, slots, most_iters, HIST: tl.constexpr):
+    # Every stat is a max over programs (and passes): atomic maxima into one buffer, so no
+    # reduction kernel runs after the solve. Entries no chunk reached stay at the buffer's
+    # zero (this program's -1 loses), and the launcher reads only those up to the most updates.
+    tl.atomic_max(stats_ptr + slots, hist)
+    tl.atomic_max(stats_ptr + HIST, most_iters.to(tl.float32))
 
 
 @triton.jit

@@ -30,6 +30,7 @@ import triton.language as tl
 from ..scan._kernels import _combine_block2
 from ._kernels import (
     _pick_row,
+    _publish_stats,
     _record_residual,
     _residual_size,
     _shift_rows,
@@ -105,8 +106,7 @@ def lstm_newton_kernel(
     out_ptr,
     end_ptr,
     jprod_ptr,
-    hist_ptr,
-    iters_ptr,
+    stats_ptr,
     T,
     D,
     seg_len,
@@ -121,12 +121,11 @@ def lstm_newton_kernel(
     BLOCK_D: tl.constexpr,
 ):
     """``start [S, B, D, 2]`` -> states ``out [B, T, D, 2]``, ``end [S, B, D, 2]``,
-    ``jprod [S, B, D, 2, 2]``; ``GUESS``, ``hist`` and ``iters`` as in ``gru_newton_kernel``
+    ``jprod [S, B, D, 2, 2]``; ``GUESS`` and ``stats`` as in ``gru_newton_kernel``
     (``GUESS=0``: the empty state, zeros)."""
     pid_d = tl.program_id(0)
     pid_b = tl.program_id(1)
     seg = tl.program_id(2) + first_seg
-    n_d = tl.num_programs(0)
     n_b = tl.num_programs(1)
     offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
     mask_d = offs_d < D
@@ -239,9 +238,7 @@ def lstm_newton_kernel(
         tl.store(jprod_ptr + seg_slot * 4 + 1, q01, mask=mask_d)
         tl.store(jprod_ptr + seg_slot * 4 + 2, q10, mask=mask_d)
         tl.store(jprod_ptr + seg_slot * 4 + 3, q11, mask=mask_d)
-    program = (tl.program_id(2) * n_b + pid_b) * n_d + pid_d
-    tl.store(hist_ptr + program.to(tl.int64) * HIST + slots, hist)
-    tl.store(iters_ptr + program, most_iters)
+    _publish_stats(stats_ptr, hist, slots, most_iters, HIST)
 
 
 @triton.jit

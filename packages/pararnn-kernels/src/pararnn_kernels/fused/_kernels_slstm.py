@@ -20,6 +20,7 @@ import triton.language as tl
 
 from ._kernels import (
     _pick_row,
+    _publish_stats,
     _record_residual,
     _residual_size,
     _shift_rows,
@@ -149,8 +150,7 @@ def slstm_newton_kernel(
     out_ptr,
     end_ptr,
     jprod_ptr,
-    hist_ptr,
-    iters_ptr,
+    stats_ptr,
     T,
     D,
     seg_len,
@@ -165,12 +165,11 @@ def slstm_newton_kernel(
     BLOCK_D: tl.constexpr,
 ):
     """``start [S, B, D, 3]`` -> states ``out [B, T, D, 3]``, ``end [S, B, D, 3]``,
-    ``jprod [S, B, D, 3, 3]``; ``GUESS``, ``hist`` and ``iters`` as in ``gru_newton_kernel``
+    ``jprod [S, B, D, 3, 3]``; ``GUESS`` and ``stats`` as in ``gru_newton_kernel``
     (``GUESS=0``: the empty state; ``GUESS=1``: one step from it)."""
     pid_d = tl.program_id(0)
     pid_b = tl.program_id(1)
     seg = tl.program_id(2) + first_seg
-    n_d = tl.num_programs(0)
     n_b = tl.num_programs(1)
     offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
     mask_d = offs_d < D
@@ -292,9 +291,7 @@ def slstm_newton_kernel(
         tl.store(base + 6, q20, mask=mask_d)
         tl.store(base + 7, q21, mask=mask_d)
         tl.store(base + 8, q22, mask=mask_d)
-    program = (tl.program_id(2) * n_b + pid_b) * n_d + pid_d
-    tl.store(hist_ptr + program.to(tl.int64) * HIST + slots, hist)
-    tl.store(iters_ptr + program, most_iters)
+    _publish_stats(stats_ptr, hist, slots, most_iters, HIST)
 
 
 @triton.jit

@@ -457,22 +457,20 @@ def newton(
         jac_tail = () if k == 1 else (k, k)
         jprod = torch.empty(segments, batch, channels, *jac_tail, device=dev, dtype=torch.float32)
     kernel = _kernel(spec, "newton")
-    hists: list[Tensor] = []
-    all_iters: list[Tensor] = []
+    # Maxima over every program of every pass, written by the kernels' atomics: entry k the
+    # residual before update k, entry hist_len - 1 the largest a chunk stopped at, then the
+    # most updates any chunk ran.
+    stats = torch.zeros(hist_len + 1, device=dev, dtype=torch.float32)
 
     def run_pass(first: int, guess: int) -> None:
-        ran = segments - first
-        hist = torch.empty(ran * batch * n_d, hist_len, device=dev, dtype=torch.float32)
-        iters = torch.empty(ran * batch * n_d, device=dev, dtype=torch.int32)
-        kernel[(n_d, batch, ran)](
+        kernel[(n_d, batch, segments - first)](
             u,
             rows,
             starts,
             out,
             ends,
             jprod,
-            hist,
-            iters,
+            stats,
             steps,
             channels,
             seg_len,
@@ -487,8 +485,6 @@ def newton(
             BLOCK_D=plan.block_d,
             num_warps=plan.num_warps,
         )
-        hists.append(hist)
-        all_iters.append(iters)
 
     run_pass(0, 1 if initial_guess == "step" else 0)
     passes = 1
@@ -503,12 +499,8 @@ def newton(
         if not math.isfinite(gap_end) or gap_end <= tol or passes >= MAX_SEGMENT_PASSES:
             break
 
-    # Everything else the stats need, read back in one sync: each history column's largest
-    # entry over the programs (the residual before update k; in the last column the largest a
-    # chunk stopped at), then the most updates any chunk ran.
-    hist_all = hists[0] if len(hists) == 1 else torch.cat(hists)
-    iters_all = all_iters[0] if len(all_iters) == 1 else torch.cat(all_iters)
-    summary = torch.cat([hist_all.amax(dim=0), iters_all.amax().float().unsqueeze(0)]).tolist()
+    # Everything else the stats need, read back in one sync.
+    summary = stats.tolist()
     most = int(summary[-1])
     residuals = tuple(float(v) for v in summary[: most + 1])
     stopped = summary[hist_len - 1]
