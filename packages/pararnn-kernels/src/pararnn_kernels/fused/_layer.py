@@ -272,13 +272,15 @@ def _stacked(weights: Sequence[Tensor]) -> Tensor:
 
 # Cost-model constants, measured on an H200 in float32 on the GRU kernels with
 # benchmarks/bench_fused.py (docs/benchmarks.md has the sweep): a Newton chunk of 128 steps takes
-# about NEWTON_CHUNK_S per wave of resident programs, plus NEWTON_FIXED_S per call (launch, the
-# stats read-back); the sequential kernel takes SEQUENTIAL_STEP_S per step per wave and reaches
-# SEQUENTIAL_BW_SHARE of the copy bandwidth when B·D fills the GPU. The block cells scale the
-# two times by their CellSpec work factors, fitted to pararnn-bench's recurrence-scope times of
-# their fused kernels at B = 8, d = 256, T = 1024-16384 on the same GPU (docs/benchmarks.md).
-NEWTON_CHUNK_S: Final = 7.0e-6
-NEWTON_FIXED_S: Final = 0.35e-3
+# about NEWTON_CHUNK_S per wave of resident programs, plus NEWTON_FIXED_S per call (the host
+# work around the launch and the stats read-back; refitted 2026-12-03 after the launches stopped
+# going through wrap_triton's higher-order op, which had cost about 0.3 ms); the sequential
+# kernel takes SEQUENTIAL_STEP_S per step per wave and reaches SEQUENTIAL_BW_SHARE of the copy
+# bandwidth when B·D fills the GPU. The block cells scale the two times by their CellSpec work
+# factors, fitted to pararnn-bench's recurrence-scope times of their fused kernels at B = 8,
+# d = 256, T = 1024-16384 on the same GPU (docs/benchmarks.md).
+NEWTON_CHUNK_S: Final = 6.5e-6
+NEWTON_FIXED_S: Final = 0.05e-3
 SEQUENTIAL_STEP_S: Final = 0.25e-6
 SEQUENTIAL_BW_SHARE: Final = 0.43
 #: The copy bandwidth of an H200 (bytes read plus written per second), for the byte floor.

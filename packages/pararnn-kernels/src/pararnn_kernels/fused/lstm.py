@@ -110,8 +110,8 @@ def choose_fused_lstm_method(
 
     The GRU's model (:func:`~pararnn_kernels.fused.choose_fused_gru_method`) with the LSTM's
     factors: byte floor ``(3 + 2) · B·T·D · size / bandwidth`` (three gates read, two state
-    components written), the sequential step at 1.25 and the Newton chunk step at 2.5 times the
-    GRU's (estimates from the operation counts).
+    components written), the sequential step at 1.85 and the Newton chunk step at 2.3 times the
+    GRU's (fitted to the fused kernels' times on an H200, docs/benchmarks.md).
     """
     return choose_method(LSTM, batch, steps, channels, device, dtype)
 

@@ -120,8 +120,9 @@ def choose_fused_slstm_method(
     """Fused Newton or the fused sequential kernel for a ``[B, T, D]`` sLSTM layer.
 
     The GRU's model (:func:`~pararnn_kernels.fused.choose_fused_gru_method`) with the sLSTM's
-    factors: byte floor ``(4 + 3) · B·T·D · size / bandwidth``, the sequential step at 1.5 and
-    the Newton chunk step at 5 times the GRU's (estimates from the operation counts).
+    factors: byte floor ``(4 + 3) · B·T·D · size / bandwidth``, the sequential step at 2.0 and
+    the Newton chunk step at 4.0 times the GRU's (fitted to the fused kernels' times on an H200,
+    docs/benchmarks.md).
     """
     return choose_method(SLSTM, batch, steps, channels, device, dtype)
 
