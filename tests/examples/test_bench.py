@@ -41,7 +41,7 @@ from pararnn_examples.bench import (
 )
 from pararnn_examples.bench.cli import main
 
-SHAPES = (Shape(2, 8, 4), Shape(2, 16, 4))
+SHAPES = (Shape(1, 8, 4), Shape(1, 16, 4))  # one sequence: half the interpreter's programs
 BUILTIN = ("newton_fused", "newton_unfused", "sequential_fused", "sequential_eager", "cudnn")
 #: Every registered method of the cell scopes: the built-in ones and the peers' (skipped here).
 CELL_METHODS = tuple(m for m in method_names() if set(get_method(m).scopes) & set(CELL_SCOPES))
