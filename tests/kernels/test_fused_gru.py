@@ -141,6 +141,8 @@ def test_plan_and_cost_model_are_sane(monkeypatch):
         shape: choose_fused_gru_method(*shape, cpu, torch.float32)
         for shape in [
             (8, 128, 256),
+            (8, 256, 256),
+            (8, 512, 256),
             (8, 1024, 256),
             (8, 4096, 256),
             (8, 16384, 256),
@@ -149,8 +151,10 @@ def test_plan_and_cost_model_are_sane(monkeypatch):
         ]
     }
     assert picks == {
-        (8, 1024, 256): "newton",
         (8, 128, 256): "sequential",
+        (8, 256, 256): "sequential",
+        (8, 512, 256): "newton",
+        (8, 1024, 256): "newton",
         (8, 4096, 256): "newton",
         (8, 16384, 256): "newton",
         (64, 4096, 1024): "sequential",

@@ -17,7 +17,7 @@ path (``"auto"``) or raise a clear error (``"fused"``).
 both fused paths cost at least the byte floor ``(G + k) · B·T·d · size / bandwidth`` (G gate
 blocks read, k state components written); the sequential kernel adds ``T`` steps of 0.25 µs per
 wave of programs (measured on the GRU, H200) times the cell's sequential work factor (GRU 1,
-LSTM 1.85, sLSTM 2.0), Newton adds 0.05 ms per call and its chunks at 6.5 µs per 128 steps per
+LSTM 1.85, sLSTM 2.0), Newton adds 0.07 ms per call and its chunks at 6.5 µs per 128 steps per
 wave times the cell's Newton work factor (GRU 1, LSTM 2.3, sLSTM 4.0; the block factors fitted
 to their kernels' times on the same GPU).
 """

@@ -280,7 +280,7 @@ def _stacked(weights: Sequence[Tensor]) -> Tensor:
 # factors, fitted to pararnn-bench's recurrence-scope times of their fused kernels at B = 8,
 # d = 256, T = 1024-16384 on the same GPU (docs/benchmarks.md).
 NEWTON_CHUNK_S: Final = 6.5e-6
-NEWTON_FIXED_S: Final = 0.05e-3
+NEWTON_FIXED_S: Final = 0.07e-3
 SEQUENTIAL_STEP_S: Final = 0.25e-6
 SEQUENTIAL_BW_SHARE: Final = 0.43
 #: The copy bandwidth of an H200 (bytes read plus written per second), for the byte floor.

@@ -135,8 +135,9 @@ def choose_fused_gru_method(
     bandwidth``). The sequential kernel pays ``T`` steps of latency (:data:`SEQUENTIAL_STEP_S`)
     per wave of programs, or its share of the bandwidth once ``B·D`` fills the GPU; Newton pays
     its chunk time (:data:`NEWTON_CHUNK_S` per 128 steps) per wave plus a fixed cost per call.
-    Measured picks (H200, fp32): sequential at ``(64, 4096, 1024)``, Newton at
-    ``(8, 1024, 256)``, ``(8, 4096, 256)``, ``(8, 16384, 256)``, ``(1, 65536, 256)``.
+    Measured picks (H200, fp32): sequential at ``(8, 128, 256)``, ``(8, 256, 256)`` and
+    ``(64, 4096, 1024)``, Newton at ``(8, 512, 256)`` to ``(8, 16384, 256)`` and
+    ``(1, 65536, 256)``.
     """
     return choose_method(GRU, batch, steps, channels, device, dtype)
 
