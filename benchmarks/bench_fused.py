@@ -3,9 +3,12 @@
 Times, on one CUDA GPU, the fused Newton kernel over a grid of launch plans, the fused backward
 over its tile shapes, and the fused sequential kernel, at each shape, as kernels on the projected
 inputs ``u [B, T, 3D]`` (the layer benchmark with the projection and peers is ``pararnn-bench``).
-Every case is checked against the fused sequential kernel (max abs difference printed).
+Every case is checked against the fused sequential kernel (max abs difference printed), and each
+shape's line names the cost model's estimates and pick beside the measured times.
 
-    python3 benchmarks/bench_fused.py --out OUT/fused
+    python3 benchmarks/bench_fused.py --out OUT/fused          # every sweep, five shapes
+    python3 benchmarks/bench_fused.py --out OUT/fused --kinds --shapes 8x128x256 8x4096x256
+                                                               # the default plans only
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ import triton.testing
 from pararnn_examples.bench import parse_shape
 from pararnn_kernels.fused import (
     FusedPlan,
+    choose_fused_gru_method,
+    estimate_fused_gru_seconds,
     fused_gru_backward,
     fused_gru_newton,
     fused_gru_sequential,
@@ -68,7 +73,13 @@ def bench_shape(
             )
     reference = fused_gru_sequential(u, weight, h0)
     head = f"B={batch} T={steps} D={channels}"
-    print(f"{head}: sequential {seq_ms:.3f} ms, floor {floor_ms:.3f} ms")
+    model = estimate_fused_gru_seconds(batch, steps, channels, dev, torch.float32)
+    pick = choose_fused_gru_method(batch, steps, channels, dev, torch.float32)
+    print(
+        f"{head}: sequential {seq_ms:.3f} ms, floor {floor_ms:.3f} ms; cost model: Newton "
+        f"{model['newton'] * 1e3:.3f} ms, sequential {model['sequential'] * 1e3:.3f} ms, "
+        f"picks {pick}"
+    )
     records.append(dict(shape=[batch, steps, channels], kind="sequential", ms=seq_ms))
     default = plan_fused_gru(batch, steps, channels, dev)
 
@@ -113,6 +124,9 @@ def bench_shape(
 
     grad = torch.randn_like(reference)
     bwd_floor = (3 + 1 + 1 + 3) * reference.numel() * 4 / bandwidth * 1e3
+    ms = triton.testing.do_bench(lambda: fused_gru_backward(u, weight, h0, reference, grad))
+    print(f"  default backward: {ms:.3f} ms ({100 * bwd_floor / ms:.0f}% floor)")
+    records.append(dict(shape=[batch, steps, channels], kind="backward", default=True, ms=ms))
     backward_tiles = [] if "backward" not in kinds else [(64, 8, 4)] if quick else TILES
     for bt, bd, warps in backward_tiles:
         ms = triton.testing.do_bench(
@@ -133,10 +147,11 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer plans")
     parser.add_argument(
         "--kinds",
-        nargs="+",
+        nargs="*",
         choices=("newton", "backward", "sequential"),
         default=["newton", "backward", "sequential"],
-        help="which kernels' launch shapes to sweep (the default plans are always timed)",
+        help="which kernels' launch shapes to sweep (none: the default plans only, which are "
+        "always timed)",
     )
     parser.add_argument(
         "--shapes", nargs="+", type=parse_shape, default=SHAPES, help="BxTxD shapes"
