@@ -152,38 +152,81 @@ TILES_VARIANTS = [
     (16, 128, 2),
     (64, 256, 8),
 ]
-# (block_t, rows, block_d, num_warps) of the per-thread-runs look-back kernel.
+# (block_t, rows, block_d, num_warps, vec, window) of the per-thread-runs look-back kernel.
 LOOKBACK_VARIANTS = [
-    (128, 8, 32, 4),
-    (256, 8, 32, 4),
-    (128, 4, 32, 4),
-    (256, 16, 32, 8),
-    (128, 8, 64, 4),
-    (256, 8, 64, 8),
-    (64, 4, 32, 4),
-    (256, 4, 64, 4),
+    (64, 16, 64, 4, 2, 16),
+    (64, 16, 64, 4, 2, 1),
+    (64, 8, 64, 8, 2, 16),
+    (32, 8, 64, 4, 2, 16),
+    (128, 16, 64, 8, 2, 16),
+    (64, 16, 128, 4, 4, 16),
+    (64, 16, 32, 4, 1, 16),
+    (32, 16, 64, 2, 2, 16),
+    (16, 16, 64, 1, 2, 16),
+    (64, 8, 128, 8, 4, 16),
+    (128, 8, 64, 16, 2, 16),
+    (32, 8, 128, 4, 4, 1),
+]
+# (block_t, block_d, num_warps, vec) of the chunked single pass.
+CHUNKED_VARIANTS = [
+    (8, 64, 1, 2),
+    (16, 64, 1, 2),
+    (32, 64, 1, 2),
+    (64, 64, 1, 2),
+    (8, 32, 1, 1),
+    (16, 32, 1, 1),
+    (32, 32, 1, 1),
+    (8, 128, 1, 4),
+    (16, 128, 1, 4),
+    (32, 128, 1, 4),
+    (32, 128, 2, 2),
+    (16, 64, 2, 1),
+    (16, 256, 1, 8),
 ]
 
 
+def sweep_variants(methods: tuple[str, ...]) -> list[dict[str, Any]]:
+    """The launch plans ``--sweep`` times for ``methods``, the default plan first."""
+    variants: list[dict[str, Any]] = [{}]
+    if "chunked" in methods:
+        variants += [
+            {"method": "chunked", "block_t": bt, "block_d": bd, "num_warps": w, "vec": v}
+            for bt, bd, w, v in CHUNKED_VARIANTS
+        ]
+    if "lookback" in methods:
+        variants += [
+            {
+                "method": "lookback",
+                "block_t": bt,
+                "rows": r,
+                "block_d": bd,
+                "num_warps": w,
+                "vec": v,
+                "window": win,
+            }
+            for bt, r, bd, w, v, win in LOOKBACK_VARIANTS
+        ]
+    if "tiles" in methods:
+        variants += [
+            {"method": "tiles", "block_t": bt, "block_d": bd, "num_warps": w}
+            for bt, bd, w in TILES_VARIANTS
+        ]
+    return variants
+
+
 def run_sweep(
-    device: torch.device, copy_bw: float, methods: tuple[str, ...]
+    device: torch.device,
+    copy_bw: float,
+    methods: tuple[str, ...],
+    cases: list[tuple[int, int, int]],
 ) -> list[dict[str, Any]]:
-    """Time the look-back launch shapes (both kernels) at representative shapes."""
+    """Time launch plans of the Triton kernels (forward and adjoint) at representative shapes."""
     rows: list[dict[str, Any]] = []
-    for b, t, d in SWEEP_CASES:
+    for b, t, d in cases:
         for dtype_name in ("fp32", "bf16"):
             jac, rhs = random_inputs(b, t, d, DTYPES[dtype_name], device)
             nbytes = 3 * jac.numel() * jac.element_size()
-            variants: list[dict[str, Any]] = [
-                {"method": "lookback", "block_t": bt, "rows": r, "block_d": bd, "num_warps": w}
-                for bt, r, bd, w in LOOKBACK_VARIANTS
-            ]
-            variants = [v for v in variants if v["method"] in methods] + [
-                {"method": "tiles", "block_t": bt, "block_d": bd, "num_warps": w}
-                for bt, bd, w in TILES_VARIANTS
-                if "tiles" in methods
-            ]
-            for kw in variants:
+            for kw in sweep_variants(methods):
                 fn = functools.partial(launch.triton_scan_diag, jac, rhs, None, reverse=False, **kw)
                 y = fn()
                 err = check(y, jac, rhs, False)
@@ -196,13 +239,14 @@ def run_sweep(
                 )
                 ms_bwd = median_ms(bwd)
                 bw_bwd = 5 / 3 * nbytes / (ms_bwd * 1e-3)
+                plan = launch.plan_scan_diag(b, t, d, device, element_size=jac.element_size(), **kw)
                 rows.append(
                     {
                         "dtype": dtype_name,
                         "B": b,
                         "T": t,
                         "D": d,
-                        **kw,
+                        "plan": repr(plan),
                         "ms": ms,
                         "frac_copy_bw": bw / copy_bw,
                         "ms_bwd": ms_bwd,
@@ -211,10 +255,12 @@ def run_sweep(
                     }
                 )
                 print(
-                    f"sweep {dtype_name} B={b} T={t} D={d} {kw}: {ms:.4f} ms {100 * bw / copy_bw:.1f}% "
-                    f"backward {ms_bwd:.4f} ms {100 * bw_bwd / copy_bw:.1f}% err={err:.1e}",
+                    f"sweep {dtype_name} B={b} T={t} D={d} {kw or 'default'}: {ms:.4f} ms "
+                    f"{100 * bw / copy_bw:.1f}% adjoint {ms_bwd:.4f} ms "
+                    f"{100 * bw_bwd / copy_bw:.1f}% err={err:.1e}",
                     flush=True,
                 )
+            del jac, rhs
     return rows
 
 
@@ -225,6 +271,11 @@ def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
+
+
+def _shape(text: str) -> tuple[int, int, int]:
+    b, t, d = (int(x) for x in text.split(","))
+    return b, t, d
 
 
 def main() -> None:
@@ -248,9 +299,17 @@ def main() -> None:
     parser.add_argument(
         "--sweep-methods",
         nargs="+",
-        choices=("lookback", "tiles"),
-        default=("lookback", "tiles"),
-        help="look-back kernels whose launch shapes --sweep times",
+        choices=METHODS,
+        default=list(METHODS),
+        help="kernels whose launch shapes --sweep times (beside the default plan)",
+    )
+    parser.add_argument(
+        "--sweep-shapes",
+        nargs="+",
+        type=_shape,
+        default=SWEEP_CASES,
+        metavar="B,T,D",
+        help="shapes --sweep times",
     )
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -268,7 +327,8 @@ def main() -> None:
     meta["copy_GBps"] = copy_bw / 1e9
     print(json.dumps(meta), flush=True)
     if args.sweep:
-        write_csv(args.out / "sweep.csv", run_sweep(device, copy_bw, tuple(args.sweep_methods)))
+        rows = run_sweep(device, copy_bw, tuple(args.sweep_methods), args.sweep_shapes)
+        write_csv(args.out / "sweep.csv", rows)
     if args.no_grid:
         return
     rows = run_grid(args, device, copy_bw)

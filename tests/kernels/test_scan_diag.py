@@ -8,11 +8,12 @@ import torch
 from torch import Tensor
 
 from pararnn_kernels import scan_diag, sequential_scan_diag
+from pararnn_kernels.dispatch import multiprocessor_count
 from pararnn_kernels.scan import launch
 from pararnn_kernels.scan.reference import reference_scan_diag, reference_scan_diag_backward
 from pararnn_kernels.testing import assert_close
 
-from .conftest import Case, check_against_sequential, needs_cuda
+from .conftest import Case, check_against_sequential, needs_cuda, needs_interpreter
 from .conftest import sequential_with_grads as oracle_with_grads
 
 # Relative error (max |err| / max |ref|) allowed per storage dtype, forward and gradients.
@@ -93,11 +94,14 @@ PLANS_SMALL: list[dict[str, object]] = [
     {"method": "chunked", "block_t": 8, "block_d": 4},
     {"method": "chunked", "block_t": 16, "block_d": 8},
     {"method": "chunked", "block_t": 8, "block_d": 16},
+    # One warp, two channels per thread: whole columns in every thread.
+    {"method": "chunked", "block_t": 8, "block_d": 8, "num_warps": 1, "vec": 2},
     # Every tile publishes its inclusive state: the walk is one round trip, window 1 keeps the
     # interpreter's copy of it short.
     {"method": "lookback", "block_t": 8, "rows": 2, "block_d": 4, "window": 1},
     {"method": "lookback", "block_t": 16, "rows": 16, "block_d": 8, "window": 1},
     {"method": "lookback", "block_t": 32, "rows": 4, "block_d": 16},
+    {"method": "lookback", "block_t": 8, "rows": 4, "block_d": 8, "num_warps": 2, "vec": 1},
     {"method": "tiles", "block_t": 8, "block_d": 4},
     {"method": "tiles", "block_t": 16, "block_d": 16},
     # Tiles 1-3, 5-7, ... never publish an inclusive state: the walk composes monoids, with the
@@ -113,6 +117,9 @@ PLANS_GPU: list[dict[str, object]] = [
     {"method": "chunked", "block_t": 64, "block_d": 64},
     {"method": "chunked", "block_t": 64, "block_d": 32, "num_warps": 8},
     {"method": "lookback"},
+    {"method": "chunked"},
+    {"method": "chunked", "block_t": 8},
+    {"method": "lookback", "block_t": 64, "rows": 16, "block_d": 128, "vec": 4},
     {"method": "lookback", "block_t": 256, "rows": 8, "block_d": 64, "num_warps": 8},
     {"method": "lookback", "block_t": 128, "rows": 4, "block_d": 32},
     {"method": "tiles"},
@@ -172,24 +179,33 @@ def test_lookback_window_is_checked() -> None:
     assert launch.plan_scan_diag(2, 64, 16, cpu, element_size=2).window == launch.LOOKBACK_WINDOW
 
 
-def test_default_method_follows_storage_and_channel_alignment() -> None:
+def test_default_method_follows_channel_blocks_and_storage() -> None:
+    """Enough 64-channel blocks for CHUNKED_WAVES programs per multiprocessor (4 for the CPU
+    interpreter): the chunked pass, 16-step chunks on aligned channels, 8 otherwise; fewer:
+    the tiles kernel for 4-byte storage, the per-thread-runs kernel for 2-byte storage."""
     cpu = torch.device("cpu")
+    enough = launch.CHUNKED_WAVES * multiprocessor_count(cpu)
     aligned = launch.ALIGNED_CHANNELS
-    for channels, element_size, method in [
-        (aligned * 4, 4, "tiles"),
-        (50, 4, "tiles"),
-        (aligned * 4, 2, "lookback"),
-        (aligned, 2, "lookback"),
-        # Rows not provably aligned: the per-thread-runs kernel spills there (plan docstring).
-        (50, 2, "tiles"),
-        (aligned * 4 + 8, 2, "tiles"),
+    for batch, channels, element_size, method, block_t in [
+        (enough, 64, 4, "chunked", 16),
+        (enough, 64, 2, "chunked", 16),
+        (1, 64 * enough, 2, "chunked", 16),
+        (enough, 50, 4, "chunked", 8),
+        (enough, aligned * 4 + 8, 2, "chunked", 8),
+        (enough - 1, 64, 4, "tiles", 64),
+        (enough - 1, 64, 2, "lookback", 32),
+        (1, 64 * (enough - 1), 4, "tiles", 64),
+        (3, 50, 2, "lookback", 32),
+        (3, 50, 4, "tiles", 64),
     ]:
-        plan = launch.plan_scan_diag(3, 1000, channels, cpu, element_size=element_size)
-        assert plan.method == method, (channels, element_size, plan)
+        plan = launch.plan_scan_diag(batch, 1000, channels, cpu, element_size=element_size)
+        assert (plan.method, plan.block_t) == (method, block_t), (batch, channels, plan)
     # An explicit method wins.
-    assert launch.plan_scan_diag(3, 1000, 50, cpu, element_size=2, method="lookback").method == (
-        "lookback"
-    )
+    assert launch.plan_scan_diag(enough, 1000, 64, cpu, method="tiles").method == "tiles"
+    with pytest.raises(
+        ValueError, match="vec must be a power of two from 1 to block_d = 64, got 3"
+    ):
+        launch.plan_scan_diag(enough, 1000, 64, cpu, vec=3)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
@@ -302,3 +318,32 @@ def test_gpu_results_are_bitwise_repeatable(method: str) -> None:
         )
         for got, want in zip(grads, first_grads, strict=True):
             assert torch.equal(got, want)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("method", ["chunked", "lookback", "tiles"])
+def test_eager_scan_launches_bypass_the_wrap_triton_op(
+    method: str, poisoned: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As the fused launches: eager scans launch the kernel itself (the higher-order op's
+    dispatch costs host time at every call), traced ones go through ``wrap_triton``."""
+    wrapped: list[object] = []
+
+    class _RefusingWrapper:
+        def __init__(self, kernel: object) -> None:
+            self.kernel = kernel
+            wrapped.append(kernel)
+
+        def __getitem__(self, grid: object) -> None:
+            raise AssertionError("launched through the wrap_triton wrapper")
+
+    monkeypatch.setattr(torch.library, "wrap_triton", _RefusingWrapper)
+    jac, rhs, h0 = make_inputs(2, 19, 5, dtype=torch.float32, device="cpu", with_h0=True)
+    plan = {"method": method, "block_t": 8, "block_d": 4}
+    y = launch.triton_scan_diag(jac, rhs, h0, reverse=False, **plan)
+    assert_close(y, sequential_scan_diag(jac, rhs, h0), tol=1e-5, name="y")
+    launch.triton_scan_diag_backward(jac, y, h0, torch.ones_like(y), reverse=False, **plan)
+    assert len(wrapped) == 2  # each launch still asked wrap_triton (launch recorders hook it)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    with pytest.raises(AssertionError, match="through the wrap_triton wrapper"):
+        launch.triton_scan_diag(jac, rhs, h0, reverse=False, **plan)

@@ -22,6 +22,7 @@ from typing import Any, Final, Literal
 import torch
 from torch import Tensor
 
+from .._launch import launchable
 from ..dispatch import (
     TRITON_STORAGE_DTYPES,
     multiprocessor_count,
@@ -252,15 +253,7 @@ def _kernel(spec: CellSpec, kind: str) -> Any:
     if key not in _KERNELS:
         module = importlib.import_module(f".{spec.kernels}", __package__)
         _KERNELS[key] = getattr(module, f"{spec.prefix}_{kind}_kernel")
-    kernel = _KERNELS[key]
-    # Wrapped per call (a light object), so whoever replaces wrap_triton sees every launch. The
-    # wrapper launches through a higher-order op, which torch.compile needs while it traces; in
-    # eager mode that dispatch costs more host time than the whole Newton kernel at moderate
-    # sizes, so eager calls launch the kernel itself.
-    wrapped = torch.library.wrap_triton(kernel)
-    if getattr(wrapped, "kernel", None) is kernel and not torch.compiler.is_compiling():
-        return kernel
-    return wrapped
+    return launchable(_KERNELS[key])
 
 
 def _stacked(weights: Sequence[Tensor]) -> Tensor:

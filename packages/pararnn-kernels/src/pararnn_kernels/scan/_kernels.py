@@ -42,6 +42,35 @@ def _time_index(p, T, REVERSE: tl.constexpr):
 
 
 @triton.jit
+def _load_tile_row(jac_ptr, rhs_ptr, base, rel, p, valid, mask_d, step_d, SHIFT: tl.constexpr):
+    """Multipliers and offsets of ``[ROWS, BLOCK_D]`` steps: ``rel`` their int32 offsets from the
+    64-bit scalar ``base``, ``p`` ``[ROWS]`` their processing positions, ``valid`` ``[ROWS]``
+    whether they are inside the sequence, ``step_d`` the offset of the next processing
+    position. The multiplier of a padded row is 1 (identity), its offset 0."""
+    mask = valid[:, None] & mask_d[None, :]
+    b = tl.load(rhs_ptr + base + rel, mask=mask, other=0.0).to(tl.float32)
+    # SHIFT (the adjoint): the multiplier at position p is jac at position p - 1.
+    a = tl.load(
+        jac_ptr + (base - SHIFT * step_d) + rel, mask=mask & (p >= SHIFT)[:, None], other=0.0
+    ).to(tl.float32)
+    a = tl.where(valid[:, None], a, 1.0)
+    return a, b, mask
+
+
+@triton.jit
+def _consumed_row(prev_ptr, base, rel, p, mask, T, step_d, h0, HAS_H0: tl.constexpr):
+    """The state the *original* recurrence consumed at positions ``p`` of the adjoint scan: its
+    output one processing position later, h0 past the end (zero without h0). Addressing as in
+    :func:`_load_tile_row`."""
+    prev = tl.load(
+        prev_ptr + (base + step_d) + rel, mask=mask & (p + 1 < T)[:, None], other=0.0
+    ).to(tl.float32)
+    if HAS_H0:
+        prev = tl.where((p + 1 == T)[:, None], h0[None, :], prev)
+    return prev
+
+
+@triton.jit
 def _load_diag_chunk(
     jac_ptr,
     rhs_ptr,
@@ -99,16 +128,21 @@ def scan_diag_kernel(
     GRAD_JAC: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    VEC: tl.constexpr,
 ):
     """Grid (cdiv(D, BLOCK_D), B): one program walks the whole sequence of one channel block.
 
     Forward (GRAD_JAC=False): the carry starts from h0 when HAS_H0, else zero.
     Adjoint (SHIFT=GRAD_JAC=True): the carry starts from zero; h0 is the original recurrence's
     initial state, used for ∂L/∂jac at the boundary.
+    At most VEC channels per thread: with BLOCK_D = 32 * VEC * num_warps every thread holds
+    whole columns of the chunk, and the scan along time runs sequentially inside the thread with
+    no exchange between threads. (Per-element 64-bit addresses, as here, measured faster in this
+    loop than a scalar base with 32-bit offsets: docs/benchmarks.md.)
     """
     pid_d = tl.program_id(0)
     pid_b = tl.program_id(1)
-    offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    offs_d = tl.max_contiguous(pid_d * BLOCK_D + tl.arange(0, BLOCK_D), VEC)
     mask_d = offs_d < D
     row_base = pid_b.to(tl.int64) * T * D
 
@@ -145,11 +179,11 @@ def scan_diag_kernel(
 # ----------------------------------------------------------------------------------------------
 # Diagonal scan in one pass with decoupled look-back.
 #
-# Every program owns one tile of GROUPS x ROWS consecutive steps by BLOCK_D channels. Inside the
-# tile each thread walks ROWS consecutive steps sequentially (pass 1: the group's monoid element;
-# pass 2: the states), and only the GROUPS group totals go through tl.associative_scan: far fewer
-# instructions per element than scanning every step across lanes. Pass 2 re-reads the tile,
-# which the program has just read (cache hits, not HBM traffic).
+# Every program owns one tile of GROUPS x ROWS consecutive steps by BLOCK_D channels, loaded
+# once as a [ROWS, GROUPS, BLOCK_D] tensor laid out so that each thread holds the ROWS steps of
+# at most VEC channels: each group's run is scanned sequentially inside the thread, and only the
+# GROUPS group totals are scanned across warps (far fewer instructions per element than scanning
+# every step across lanes, and nothing is re-read).
 #
 # Tiles find their exact incoming state by decoupled look-back: each publishes its tile monoid
 # (state 1) as soon as pass 1 is done, and its inclusive state (state 2) as soon as it knows its
@@ -256,6 +290,7 @@ def scan_diag_lookback_kernel(
     BLOCK_D: tl.constexpr,
     INCLUSIVE_EVERY: tl.constexpr,
     WINDOW: tl.constexpr,
+    VEC: tl.constexpr,
 ):
     """Grid (n_tiles * B * n_cols_d,): one program per tile, handed out in ticket order.
 
@@ -275,20 +310,38 @@ def scan_diag_lookback_kernel(
     offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
     lanes = tl.arange(0, BLOCK_D)
     mask_d = offs_d < D
-    row_base = pid_b.to(tl.int64) * T * D
-    seg_end = tl.minimum((tile + 1) * (GROUPS * ROWS), T)
-    groups = tl.arange(0, GROUPS)
-    first = tile * (GROUPS * ROWS) + groups * ROWS
+    # The tile as a [ROWS, GROUPS, BLOCK_D] tensor: element (r, g, d) is processing position
+    # p0 + g * ROWS + r of channel d. Channels are contiguous in memory, so Triton lays threads
+    # (and vectors) along d first and warps along g, and every thread holds the ROWS rows of its
+    # channels: the scan along axis 0 is sequential inside the thread.
+    r3 = tl.arange(0, ROWS)[:, None, None]
+    g3 = tl.arange(0, GROUPS)[None, :, None]
+    # At most VEC channels per thread: the rest of the warp's lanes go along d as well.
+    d3 = tl.max_contiguous(offs_d, VEC)[None, None, :]
+    # Addresses as in scan_diag_tiles_kernel: one 64-bit scalar base per program (the tile's
+    # first processing position) and 32-bit offsets inside the tile.
+    p0 = tile * (GROUPS * ROWS)
+    step = 1
+    if REVERSE:
+        step = -1
+    base = (pid_b.to(tl.int64) * T + _time_index(p0, T, REVERSE)) * D
+    rows = g3 * ROWS + r3
+    rel = (rows * step) * D + d3
+    p = p0 + rows
+    valid = rows < T - p0
+    mask = valid & (d3 < D)
+    b = tl.load(rhs_ptr + base + rel, mask=mask, other=0.0).to(tl.float32)
+    # SHIFT (the adjoint): the multiplier at position p is jac at position p - 1.
+    a = tl.load(jac_ptr + (base - SHIFT * step * D) + rel, mask=mask & (p >= SHIFT), other=0.0).to(
+        tl.float32
+    )
+    a = tl.where(valid, a, 1.0)
 
-    # Pass 1: each group's monoid element, sequentially inside the thread.
-    tot_a = tl.full([GROUPS, BLOCK_D], 1.0, dtype=tl.float32)
-    tot_b = tl.zeros([GROUPS, BLOCK_D], dtype=tl.float32)
-    for r in tl.static_range(ROWS):
-        a, b, _offs, _mask = _load_diag_chunk(
-            jac_ptr, rhs_ptr, row_base, first + r, seg_end, T, D, offs_d, mask_d, REVERSE, SHIFT
-        )
-        tot_b = a * tot_b + b
-        tot_a = a * tot_a
+    # Each group's run scanned inside the thread, then the group totals across warps.
+    prod, acc = tl.associative_scan((a, b), 0, _combine_diag)
+    last = r3 == ROWS - 1
+    tot_a = tl.sum(tl.where(last, prod, 0.0), axis=0)
+    tot_b = tl.sum(tl.where(last, acc, 0.0), axis=0)
     inc_a, inc_b = tl.associative_scan((tot_a, tot_b), 0, _combine_diag)
     tile_a = _last_row(inc_a, GROUPS)
     tile_b = _last_row(inc_b, GROUPS)
@@ -296,11 +349,14 @@ def scan_diag_lookback_kernel(
     # Look-back: the exact state entering this tile.
     flags = flag_ptr + col.to(tl.int64) * tl.cdiv(n_tiles, 16)
     slots = (col.to(tl.int64) * n_tiles) * BLOCK_D + lanes
+    h0 = tl.zeros([BLOCK_D], dtype=tl.float32)
+    if HAS_H0:
+        h0 = tl.load(h0_ptr + pid_b.to(tl.int64) * D + offs_d, mask=mask_d, other=0.0)
+        h0 = h0.to(tl.float32)
     carry = tl.zeros([BLOCK_D], dtype=tl.float32)
     if tile == 0:
         if HAS_H0 and not GRAD_JAC:
-            carry = tl.load(h0_ptr + pid_b.to(tl.int64) * D + offs_d, mask=mask_d, other=0.0)
-            carry = carry.to(tl.float32)
+            carry = h0
     else:
         tl.store(agg_a_ptr + slots + tile * BLOCK_D, tile_a)
         tl.store(agg_b_ptr + slots + tile * BLOCK_D, tile_b)
@@ -315,26 +371,21 @@ def scan_diag_lookback_kernel(
         _publish_inclusive(incl_ptr, flags, slots, tile, tile_a * carry + tile_b, BLOCK_D)
 
     # The state entering each group: the state after the group before it (carry for group 0).
+    groups = tl.arange(0, GROUPS)
     after = inc_a * carry[None, :] + inc_b
     before = tl.maximum(groups - 1, 0)[:, None] + tl.zeros([GROUPS, BLOCK_D], dtype=tl.int32)
-    y = tl.gather(after, before, 0)
-    y = tl.where((groups == 0)[:, None], carry[None, :], y)
-
-    # Pass 2: the states, sequentially inside the thread (the tile is re-read from cache).
-    h0 = tl.zeros([BLOCK_D], dtype=tl.float32)
-    if GRAD_JAC and HAS_H0:
-        h0 = tl.load(h0_ptr + pid_b.to(tl.int64) * D + offs_d, mask=mask_d, other=0.0)
-        h0 = h0.to(tl.float32)
-    for r in tl.static_range(ROWS):
-        p = first + r
-        a, b, offs, mask = _load_diag_chunk(
-            jac_ptr, rhs_ptr, row_base, p, seg_end, T, D, offs_d, mask_d, REVERSE, SHIFT
-        )
-        y = a * y + b
-        tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
-        if GRAD_JAC:
-            prev = _consumed_state(prev_ptr, row_base, p, mask, T, D, offs_d, h0, REVERSE, HAS_H0)
-            tl.store(grad_jac_ptr + offs, (y * prev).to(grad_jac_ptr.dtype.element_ty), mask=mask)
+    entering = tl.gather(after, before, 0)
+    entering = tl.where((groups == 0)[:, None], carry[None, :], entering)
+    y = acc + prod * entering[None, :, :]
+    tl.store(out_ptr + base + rel, y.to(out_ptr.dtype.element_ty), mask=mask)
+    if GRAD_JAC:
+        # The state the original recurrence consumed: its output one position later, h0 past
+        # the end (as _consumed_row).
+        prev = tl.load(prev_ptr + (base + step * D) + rel, mask=mask & (p + 1 < T), other=0.0)
+        prev = prev.to(tl.float32)
+        if HAS_H0:
+            prev = tl.where(p + 1 == T, h0[None, None, :], prev)
+        tl.store(grad_jac_ptr + base + rel, (y * prev).to(grad_jac_ptr.dtype.element_ty), mask=mask)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -404,28 +455,15 @@ def scan_diag_tiles_kernel(
     t_first = _time_index(p0, T, REVERSE)
     base = (pid_b.to(tl.int64) * T + t_first) * D
     rel = (rows * step)[:, None] * D + offs_d[None, :]
-    valid = rows < T - p0
-    mask = valid[:, None] & mask_d[None, :]
-    b = tl.load(rhs_ptr + base + rel, mask=mask, other=0.0).to(tl.float32)
-    # SHIFT (the adjoint): the multiplier at position p is jac at position p - 1.
-    a = tl.load(
-        jac_ptr + (base - SHIFT * step * D) + rel,
-        mask=mask & (p0 + rows >= SHIFT)[:, None],
-        other=0.0,
-    ).to(tl.float32)
-    a = tl.where(valid[:, None], a, 1.0)
+    a, b, mask = _load_tile_row(
+        jac_ptr, rhs_ptr, base, rel, p0 + rows, rows < T - p0, mask_d, step * D, SHIFT
+    )
     h0 = tl.zeros([BLOCK_D], dtype=tl.float32)
     if HAS_H0:
         h0 = tl.load(h0_ptr + pid_b.to(tl.int64) * D + offs_d, mask=mask_d, other=0.0)
         h0 = h0.to(tl.float32)
     if GRAD_JAC:
-        # The state the original recurrence consumed: its output one position later, h0 past
-        # the end (as _consumed_state).
-        prev = tl.load(
-            prev_ptr + (base + step * D) + rel, mask=mask & (p0 + rows + 1 < T)[:, None], other=0.0
-        ).to(tl.float32)
-        if HAS_H0:
-            prev = tl.where((p0 + rows + 1 == T)[:, None], h0[None, :], prev)
+        prev = _consumed_row(prev_ptr, base, rel, p0 + rows, mask, T, step * D, h0, HAS_H0)
     prod, acc = tl.associative_scan((a, b), 0, _combine_diag)
 
     flags = flag_ptr + col.to(tl.int64) * tl.cdiv(n_tiles, 16)

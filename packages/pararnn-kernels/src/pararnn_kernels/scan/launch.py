@@ -29,8 +29,12 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
+from .._launch import launchable
+from ..dispatch import multiprocessor_count
+
 __all__ = [
     "ALIGNED_CHANNELS",
+    "CHUNKED_WAVES",
     "LOOKBACK_WINDOW",
     "DiagScanPlan",
     "ScanMethod",
@@ -50,8 +54,13 @@ ScanMethod = Literal["chunked", "lookback", "tiles"]
 #: of copy bandwidth, docs/benchmarks.md).
 LOOKBACK_WINDOW = 16
 #: Channel counts divisible by this let Triton prove each row's start aligned (its divisibility
-#: hint) and vectorize; the 2-byte default plan needs it (:func:`plan_scan_diag`).
+#: hint) and vectorize; the chunked plan takes shorter chunks without it (:func:`plan_scan_diag`).
 ALIGNED_CHANNELS = 16
+#: The chunked pass is picked when there are at least this many channel blocks (programs) per
+#: multiprocessor: with 512 of them (3.9 per SM on an H200) it beat both look-back kernels, with
+#: 256 it lost to them (H200, 2026-12-03, docs/benchmarks.md).
+CHUNKED_WAVES = 3
+_CHUNKED_BLOCK_D = 64
 # Tiles whose two state bits share one int32 word in the look-back kernels (the kernels' `16`).
 _TILES_PER_WORD = 16
 
@@ -72,6 +81,9 @@ class DiagScanPlan:
         window: look-back kernels only: predecessors one look-back round trip looks at, at most
             (a power of two <= 16; 1 walks back one tile per round trip). :func:`plan_scan_diag`
             picks it per method; the field's default is the one-tile walk.
+        vec: ``"lookback"`` only: channels per thread, at most (a power of two <= block_d); the
+            rest of a warp's lanes spread along the channels too, so each thread holds the
+            ``rows`` consecutive steps of its channels and scans them sequentially.
     """
 
     method: ScanMethod
@@ -81,6 +93,7 @@ class DiagScanPlan:
     rows: int = 8
     inclusive_every: int = 1
     window: int = 1
+    vec: int = 2
 
 
 def plan_scan_diag(
@@ -97,53 +110,62 @@ def plan_scan_diag(
     rows: int | None = None,
     inclusive_every: int = 1,
     window: int | None = None,
+    vec: int | None = None,
 ) -> DiagScanPlan:
     """Launch plan for a ``[batch, steps, channels]`` diagonal scan; arguments override the model.
 
-    Both look-back kernels fill the GPU along T as well as along B·D, so one choice serves every
-    shape; what decides is the storage size (H200 sweeps, ``docs/benchmarks.md``):
+    What decides is how many channel blocks there are to fill the GPU with, and the storage
+    size (H200 sweeps, ``docs/benchmarks.md``):
 
-    * 4-byte storage: ``"tiles"``, 64 steps x 64 channels, 4 warps (80-85 % of the copy
-      bandwidth at B·D >= 2^12, forward and adjoint; the chunked pass peaked at 78-80 %);
-    * 2-byte storage: ``"lookback"``, tiles of 256 steps (4 per thread) x 64 channels -- the
-      element rate, not the bytes, bounds bf16, and per-thread runs spend fewer instructions
-      per element than a scan across lanes -- unless ``channels`` is not a multiple of
-      :data:`ALIGNED_CHANNELS`: then ``"tiles"``. Without that divisibility Triton cannot prove
-      the rows aligned, and for sm_90 (triton 3.6) the look-back kernel's default plan compiles
-      with 1.4-2.8 KB of register spills per thread, and with 32 registers and 14-21 KB of
-      spills when ``steps`` is not a multiple of 16 either; the tiles kernel compiles without
-      spills at those sizes (``tests/kernels/gpu_compile.py`` prints the register counts).
+    * ``batch * ceil(channels / 64)`` of at least :data:`CHUNKED_WAVES` times the device's
+      multiprocessors: ``"chunked"``, one one-warp program per 64 channels walking the whole
+      sequence 16 steps at a time, each thread holding 2 channels of every step (the scan is
+      sequential inside the thread: no exchange between threads at all). 92-98 % of the copy
+      bandwidth in fp32 and 77-93 % in bf16 from 1024 such programs up, forward and adjoint.
+      When ``channels`` is not a multiple of :data:`ALIGNED_CHANNELS` (rows not provably
+      aligned: scalar loads, more registers), 8 steps at a time: 61-82 % there against 36-67 %
+      with 16.
+    * otherwise T has to fill the GPU too, and the look-back kernels split it into tiles:
+      4-byte storage takes ``"tiles"``, 64 steps x 64 channels, 4 warps (80-85 % at
+      B·D >= 2^12 channels); 2-byte storage takes ``"lookback"``, tiles of 32 steps (16 per
+      thread, two warps) x 64 channels, window 16 (about 45 % against the tiles kernel's 31-40 %).
 
-    The look-back window (:data:`LOOKBACK_WINDOW`) is 1 for ``"tiles"`` and 16 for
-    ``"lookback"``, the faster of the two at most shapes of each (same sweeps).
-
-    ``"chunked"`` is reached only by override. ``batch`` and ``steps`` are part of the
-    signature for the model; no choice depends on them yet. ``device`` is unused by the current
-    choice and kept for capability-dependent models.
+    ``batch`` and ``steps`` are part of the signature for the model; no choice depends on
+    ``steps`` yet. ``device`` gives the multiprocessor count (4 for the CPU interpreter).
     """
-    del device
     if method is None:
-        aligned = channels % ALIGNED_CHANNELS == 0
-        method = "lookback" if element_size < 4 and aligned else "tiles"
+        blocks = batch * -(-channels // _CHUNKED_BLOCK_D)
+        if blocks >= CHUNKED_WAVES * multiprocessor_count(device):
+            method = "chunked"
+        else:
+            method = "lookback" if element_size < 4 else "tiles"
     if window is None:
         window = 1 if method == "tiles" else LOOKBACK_WINDOW
     if window < 1 or window > _TILES_PER_WORD or window & (window - 1):
         raise ValueError(f"window must be a power of two from 1 to {_TILES_PER_WORD}, got {window}")
-    four_bytes = element_size >= 4
     if method == "tiles":
         block_d = block_d or min(64, triton_next_power_of_2(channels))
         return DiagScanPlan(
             "tiles", block_t or 64, block_d, num_warps or 4, 1, inclusive_every, window
         )
     if method == "lookback":
-        rows = rows or (8 if four_bytes else 4)
-        block_d = block_d or min(32 if four_bytes else 64, triton_next_power_of_2(channels))
-        block_t = max(block_t or (128 if four_bytes else 256), rows)
+        rows = rows or 16
+        block_d = block_d or min(64, triton_next_power_of_2(channels))
+        block_t = max(block_t or 32, rows)
         return DiagScanPlan(
-            "lookback", block_t, block_d, num_warps or 4, rows, inclusive_every, window
-        )
-    block_d = block_d or min(64, triton_next_power_of_2(channels))
-    return DiagScanPlan("chunked", block_t or 64, block_d, num_warps or 4)
+            "lookback", block_t, block_d, num_warps or 2, rows, inclusive_every, window,
+            _vec(vec, block_d, 2),
+        )  # fmt: skip
+    block_d = block_d or min(_CHUNKED_BLOCK_D, triton_next_power_of_2(channels))
+    block_t = block_t or (16 if channels % ALIGNED_CHANNELS == 0 else 8)
+    return DiagScanPlan("chunked", block_t, block_d, num_warps or 1, vec=_vec(vec, block_d, 2))
+
+
+def _vec(vec: int | None, block_d: int, default: int) -> int:
+    vec = vec or min(default, block_d)
+    if vec > block_d or vec & (vec - 1):
+        raise ValueError(f"vec must be a power of two from 1 to block_d = {block_d}, got {vec}")
+    return vec
 
 
 def triton_next_power_of_2(n: int) -> int:
@@ -158,7 +180,7 @@ def _kernels() -> Any:
 
 
 def _wrap(kernel: Any) -> Any:
-    return torch.library.wrap_triton(kernel)
+    return launchable(kernel)
 
 
 def _launch_diag_chunked(
@@ -189,6 +211,7 @@ def _launch_diag_chunked(
         GRAD_JAC=grad_jac is not None,
         BLOCK_T=plan.block_t,
         BLOCK_D=plan.block_d,
+        VEC=plan.vec,
         num_warps=plan.num_warps,
     )
 
@@ -221,7 +244,7 @@ def _launch_diag_lookback(
         shape = {"BLOCK_T": plan.block_t}
     else:
         kernel = _kernels().scan_diag_lookback_kernel
-        shape = {"GROUPS": plan.block_t // plan.rows, "ROWS": plan.rows}
+        shape = {"GROUPS": plan.block_t // plan.rows, "ROWS": plan.rows, "VEC": plan.vec}
     _wrap(kernel)[(n_tiles * n_cols,)](
         jac,
         rhs,
