@@ -347,3 +347,25 @@ def test_eager_scan_launches_bypass_the_wrap_triton_op(
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     with pytest.raises(AssertionError, match="through the wrap_triton wrapper"):
         launch.triton_scan_diag(jac, rhs, h0, reverse=False, **plan)
+
+
+def test_launches_go_through_wrap_triton_under_any_dispatch_mode(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Fake tensors (opcheck, torch.compile's tracing) cannot be launched on: any active
+    dispatch mode keeps the wrapper (and ``scan_diag`` the registered op)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from pararnn_kernels._launch import launchable, plain_eager
+
+    class _Wrapper:
+        def __init__(self, kernel: object) -> None:
+            self.kernel = kernel
+
+    kernel = object()
+    monkeypatch.setattr(torch.library, "wrap_triton", _Wrapper)
+    assert plain_eager()
+    assert launchable(kernel) is kernel
+    with FakeTensorMode():
+        assert not plain_eager()
+        assert isinstance(launchable(kernel), _Wrapper)
