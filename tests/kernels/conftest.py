@@ -58,6 +58,25 @@ def seeded() -> None:
     torch.manual_seed(0)
 
 
+@pytest.fixture
+def refused_wrapper_launches(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """``torch.library.wrap_triton`` replaced by a wrapper that records the kernel it wraps and
+    fails if a launch goes through it; returns the recorded kernels. Launchers must still ask
+    ``wrap_triton`` (launch recorders hook it) but launch the kernel itself in eager mode."""
+    wrapped: list[object] = []
+
+    class _RefusingWrapper:
+        def __init__(self, kernel: object) -> None:
+            self.kernel = kernel
+            wrapped.append(kernel)
+
+        def __getitem__(self, grid: object) -> None:
+            raise AssertionError("launched through the wrap_triton wrapper")
+
+    monkeypatch.setattr(torch.library, "wrap_triton", _RefusingWrapper)
+    return wrapped
+
+
 ScanFn = Callable[..., Tensor]
 
 

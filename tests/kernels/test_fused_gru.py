@@ -111,27 +111,16 @@ def test_fused_gru_tolerance_stops_early(poisoned):
 
 
 @needs_interpreter
-def test_eager_launches_bypass_the_wrap_triton_op(poisoned, monkeypatch):
+def test_eager_launches_bypass_the_wrap_triton_op(poisoned, refused_wrapper_launches, monkeypatch):
     """A launch through ``wrap_triton``'s higher-order op cost more host time than a whole
     Newton kernel at (8, 1024, 256) on an H200: eager calls launch the kernel itself, and the
     wrapper launches only while ``torch.compile`` traces."""
-    wrapped: list[object] = []
-
-    class _RefusingWrapper:
-        def __init__(self, kernel: object) -> None:
-            self.kernel = kernel
-            wrapped.append(kernel)
-
-        def __getitem__(self, grid: object) -> None:
-            raise AssertionError("launched through the wrap_triton wrapper")
-
-    monkeypatch.setattr(torch.library, "wrap_triton", _RefusingWrapper)
     u, weight, h0 = _layer(1, 20, 4, "cpu")
     plan = FusedPlan(block_t=16, block_d=4)
     states = fused_gru_newton(u, weight, h0, plan=plan).states
     assert_close(fused_gru_sequential(u, weight, h0), states, tol=F32_TOL, name="sequential")
     fused_gru_backward(u, weight, h0, states, torch.ones_like(states), block_t=16)
-    assert len(wrapped) == 3  # each launcher still asked wrap_triton (launch recorders hook it)
+    assert len(refused_wrapper_launches) == 3  # each launcher still asked wrap_triton
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     with pytest.raises(AssertionError, match="through the wrap_triton wrapper"):
         fused_gru_newton(u, weight, h0, plan=plan)

@@ -323,27 +323,19 @@ def test_gpu_results_are_bitwise_repeatable(method: str) -> None:
 @needs_interpreter
 @pytest.mark.parametrize("method", ["chunked", "lookback", "tiles"])
 def test_eager_scan_launches_bypass_the_wrap_triton_op(
-    method: str, poisoned: None, monkeypatch: pytest.MonkeyPatch
+    method: str,
+    poisoned: None,
+    refused_wrapper_launches: list[object],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """As the fused launches: eager scans launch the kernel itself (the higher-order op's
     dispatch costs host time at every call), traced ones go through ``wrap_triton``."""
-    wrapped: list[object] = []
-
-    class _RefusingWrapper:
-        def __init__(self, kernel: object) -> None:
-            self.kernel = kernel
-            wrapped.append(kernel)
-
-        def __getitem__(self, grid: object) -> None:
-            raise AssertionError("launched through the wrap_triton wrapper")
-
-    monkeypatch.setattr(torch.library, "wrap_triton", _RefusingWrapper)
     jac, rhs, h0 = make_inputs(2, 19, 5, dtype=torch.float32, device="cpu", with_h0=True)
     plan = {"method": method, "block_t": 8, "block_d": 4}
     y = launch.triton_scan_diag(jac, rhs, h0, reverse=False, **plan)
     assert_close(y, sequential_scan_diag(jac, rhs, h0), tol=1e-5, name="y")
     launch.triton_scan_diag_backward(jac, y, h0, torch.ones_like(y), reverse=False, **plan)
-    assert len(wrapped) == 2  # each launch still asked wrap_triton (launch recorders hook it)
+    assert len(refused_wrapper_launches) == 2  # each launch still asked wrap_triton
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     with pytest.raises(AssertionError, match="through the wrap_triton wrapper"):
         launch.triton_scan_diag(jac, rhs, h0, reverse=False, **plan)
