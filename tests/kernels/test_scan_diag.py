@@ -361,3 +361,14 @@ def test_launches_go_through_wrap_triton_under_any_dispatch_mode(
     with FakeTensorMode():
         assert not plain_eager()
         assert isinstance(launchable(kernel), _Wrapper)
+
+
+@needs_interpreter
+def test_eager_triton_scan_refuses_a_second_derivative(poisoned: None) -> None:
+    """The adjoint kernels build no graph: differentiating them again is an error, not zeros."""
+    jac, rhs, _ = make_inputs(1, 9, 3, dtype=torch.float32, device="cpu", with_h0=False)
+    rhs.requires_grad_()
+    y = scan_diag(jac, rhs, backend="triton")
+    (grad_rhs,) = torch.autograd.grad(y.square().sum(), rhs, create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        grad_rhs.sum().backward()

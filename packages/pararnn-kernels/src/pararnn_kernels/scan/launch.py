@@ -81,9 +81,10 @@ class DiagScanPlan:
         window: look-back kernels only: predecessors one look-back round trip looks at, at most
             (a power of two <= 16; 1 walks back one tile per round trip). :func:`plan_scan_diag`
             picks it per method; the field's default is the one-tile walk.
-        vec: ``"lookback"`` only: channels per thread, at most (a power of two <= block_d); the
-            rest of a warp's lanes spread along the channels too, so each thread holds the
-            ``rows`` consecutive steps of its channels and scans them sequentially.
+        vec: ``"chunked"`` and ``"lookback"``: channels per thread, at most (a power of two
+            <= block_d); the rest of a warp's lanes spread along the channels too, so each
+            thread holds whole columns (all of its steps of those channels) and scans them
+            sequentially.
     """
 
     method: ScanMethod
@@ -121,7 +122,7 @@ def plan_scan_diag(
       multiprocessors: ``"chunked"``, one one-warp program per 64 channels walking the whole
       sequence 16 steps at a time, each thread holding 2 channels of every step (the scan is
       sequential inside the thread: no exchange between threads at all). 92-98 % of the copy
-      bandwidth in fp32 and 77-93 % in bf16 from 1024 such programs up, forward and adjoint.
+      bandwidth in fp32 and 77-96 % in bf16 from 1024 such programs up, forward and adjoint.
       When ``channels`` is not a multiple of :data:`ALIGNED_CHANNELS` (rows not provably
       aligned: scalar loads, more registers), 8 steps at a time: 61-82 % there against 36-67 %
       with 16.
