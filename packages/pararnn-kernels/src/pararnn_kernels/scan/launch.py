@@ -180,10 +180,6 @@ def _kernels() -> Any:
     return _kernels
 
 
-def _wrap(kernel: Any) -> Any:
-    return launchable(kernel)
-
-
 def _launch_diag_chunked(
     jac: Tensor,
     rhs: Tensor,
@@ -197,7 +193,7 @@ def _launch_diag_chunked(
     grad_jac: Tensor | None = None,
 ) -> None:
     batch, steps, channels = rhs.shape
-    _wrap(_kernels().scan_diag_kernel)[(math.ceil(channels / plan.block_d), batch)](
+    launchable(_kernels().scan_diag_kernel)[(math.ceil(channels / plan.block_d), batch)](
         jac,
         rhs,
         h0 if h0 is not None else out,
@@ -246,7 +242,7 @@ def _launch_diag_lookback(
     else:
         kernel = _kernels().scan_diag_lookback_kernel
         shape = {"GROUPS": plan.block_t // plan.rows, "ROWS": plan.rows, "VEC": plan.vec}
-    _wrap(kernel)[(n_tiles * n_cols,)](
+    launchable(kernel)[(n_tiles * n_cols,)](
         jac,
         rhs,
         h0 if h0 is not None else out,
@@ -352,7 +348,7 @@ def triton_scan_block_diag(
     block_t, block_d = block_t or default_t, block_d or default_d
     out = torch.empty_like(rhs)
     grid = (math.ceil(channels / block_d), batch)
-    _wrap(_kernels().scan_block_diag_kernel)[grid](
+    launchable(_kernels().scan_block_diag_kernel)[grid](
         jac,
         rhs,
         h0 if h0 is not None else out,
@@ -391,7 +387,7 @@ def triton_scan_block_diag_backward(
     grad_rhs = torch.empty_like(y)
     grad_jac = torch.empty_like(jac)
     grid = (math.ceil(channels / block_d), batch)
-    _wrap(_kernels().scan_block_diag_kernel)[grid](
+    launchable(_kernels().scan_block_diag_kernel)[grid](
         jac,
         grad_y,
         h0 if h0 is not None else y,

@@ -124,7 +124,8 @@ def _make_backward(backward_op: Any) -> Any:
     def backward(ctx: Any, grad_y: Tensor) -> tuple[Tensor, Tensor, Tensor | None, None]:
         jac, h0, y = ctx.saved_tensors
         # Upstream gradients may be expanded (stride 0) or otherwise strided.
-        grad_jac, grad_rhs, grad_h0 = backward_op(jac, y, h0, grad_y.contiguous(), ctx.reverse)
+        grad_y = grad_y.contiguous()
+        grad_jac, grad_rhs, grad_h0 = backward_op(jac, y, h0, grad_y, reverse=ctx.reverse)
         return grad_jac, grad_rhs, (grad_h0 if ctx.has_h0 else None), None
 
     return backward
@@ -159,22 +160,16 @@ class _EagerTritonScan(torch.autograd.Function):
         backward_fn: Any,
     ) -> Tensor:
         y: Tensor = forward_fn(jac, rhs, h0, reverse=reverse)
-        ctx.save_for_backward(jac, h0, y)
-        ctx.reverse = reverse
-        ctx.has_h0 = h0 is not None
-        ctx.backward_fn = backward_fn
+        _setup_context(ctx, (jac, rhs, h0, reverse), y)
+        ctx.adjoint = _make_backward(backward_fn)
         return y
 
     @staticmethod
     @once_differentiable
-    def backward(
-        ctx: Any, grad_y: Tensor
-    ) -> tuple[Tensor, Tensor, Tensor | None, None, None, None]:
-        jac, h0, y = ctx.saved_tensors
-        grad_jac, grad_rhs, grad_h0 = ctx.backward_fn(
-            jac, y, h0, grad_y.contiguous(), reverse=ctx.reverse
-        )
-        return grad_jac, grad_rhs, (grad_h0 if ctx.has_h0 else None), None, None, None
+    def backward(ctx: Any, grad_y: Tensor) -> tuple[Tensor | None, ...]:
+        # The registered ops' adjoint, plus no gradient for the two launcher arguments.
+        grads: tuple[Tensor | None, ...] = ctx.adjoint(ctx, grad_y)
+        return (*grads, None, None)
 
 
 def _triton_scan(
