@@ -40,6 +40,14 @@ TILES = [
     for w in (1, 2, 4)
     if bt * bd // (32 * w) <= 64 and bt * bd >= 32 * w
 ]
+#: (block_d, rows, num_warps, vec) of the sequential kernel: whole tiles per thread
+#: (block_d = 32 · warps · vec) at 4-16 steps, and the two plans it had before (vectors of 4,
+#: steps spread over threads).
+SEQUENTIAL_PLANS = [
+    *((32 * w * v, rows, w, v) for v in (1, 2, 4) for w in (1, 2) for rows in (4, 8, 16)),
+    (16, 4, 1, 4),
+    (64, 1, 2, 4),
+]
 SHAPES = [(8, 1024, 256), (8, 4096, 256), (8, 16384, 256), (64, 4096, 1024), (1, 65536, 256)]
 
 
@@ -62,16 +70,24 @@ def bench_shape(
     h0 = 0.5 * torch.randn(batch, channels, device=dev)
     floor_ms = 4 * u[..., :channels].numel() * 4 / bandwidth * 1e3
     seq_ms = triton.testing.do_bench(lambda: fused_gru_sequential(u, weight, h0))
-    for bd in (16, 32, 64, 128) if "sequential" in kinds else ():
-        for rows in (1, 4, 8, 16):
-            ms = triton.testing.do_bench(
-                lambda bd=bd, rows=rows: fused_gru_sequential(u, weight, h0, block_d=bd, rows=rows)
-            )
-            print(f"  sequential block_d={bd} rows={rows}: {ms:.3f} ms")
-            records.append(
-                dict(shape=[batch, steps, channels], kind="sequential", plan=[bd, rows], ms=ms)
-            )
     reference = fused_gru_sequential(u, weight, h0)
+    for bd, rows, warps, vec in SEQUENTIAL_PLANS if "sequential" in kinds else ():
+        plan = dict(block_d=bd, rows=rows, num_warps=warps, vec=vec)
+        err = (fused_gru_sequential(u, weight, h0, **plan) - reference).abs().max().item()
+        ms = triton.testing.do_bench(lambda plan=plan: fused_gru_sequential(u, weight, h0, **plan))
+        print(
+            f"  sequential block_d={bd} rows={rows} warps={warps} vec={vec}: {ms:.3f} ms "
+            f"({100 * floor_ms / ms:.1f} % of the floor, max diff {err:.1e})"
+        )
+        records.append(
+            dict(
+                shape=[batch, steps, channels],
+                kind="sequential",
+                plan=[bd, rows, warps, vec],
+                ms=ms,
+                max_abs_diff=err,
+            )
+        )
     head = f"B={batch} T={steps} D={channels}"
     model = estimate_fused_gru_seconds(batch, steps, channels, dev, torch.float32)
     pick = choose_fused_gru_method(batch, steps, channels, dev, torch.float32)

@@ -92,6 +92,44 @@ def test_fused_gru_bf16_storage_in_interpreter(poisoned):
     )
 
 
+#: (block_d, rows, num_warps, vec) plans of the sequential kernel: the default, whole tiles
+#: per thread at other widths, steps spread over threads (vectors of 4), a row tile longer
+#: than the sequence.
+SEQUENTIAL_PLANS = [(64, 16, 1, 2), (32, 4, 1, 1), (128, 8, 2, 2), (16, 4, 1, 4), (8, 32, 1, 1)]
+
+
+def _check_sequential(batch, steps, channels, device, plans):
+    u, weight, h0 = _layer(batch, steps, channels, device)
+    ref_states = reference_gru_sequential(u.double(), weight.double(), h0.double())
+    for bd, rows, warps, vec in plans:
+        states = fused_gru_sequential(
+            u, weight, h0, block_d=bd, rows=rows, num_warps=warps, vec=vec
+        )
+        assert_close(
+            states, ref_states, tol=F32_TOL, name=f"sequential {bd}x{rows} w{warps} v{vec}"
+        )
+
+
+@needs_interpreter
+@pytest.mark.parametrize("steps", [1, 17, 63])
+def test_fused_gru_sequential_plans_in_interpreter(poisoned, steps):
+    # D = 37: partial channel blocks at every block_d; T = 17, 63: partial row tiles.
+    _check_sequential(2, steps, 37, "cpu", SEQUENTIAL_PLANS)
+
+
+@needs_interpreter
+def test_fused_gru_sequential_rejects_a_bad_vec():
+    u, weight, h0 = _layer(1, 4, 8, "cpu")
+    with pytest.raises(
+        ValueError, match="vec must be a power of two from 1 to block_d = 16, got 3"
+    ):
+        fused_gru_sequential(u, weight, h0, block_d=16, vec=3)
+    with pytest.raises(
+        ValueError, match="vec must be a power of two from 1 to block_d = 8, got 16"
+    ):
+        fused_gru_sequential(u, weight, h0, block_d=8, vec=16)
+
+
 @needs_interpreter
 def test_fused_gru_reports_nan_as_non_finite(poisoned):
     u, weight, h0 = _layer(1, 20, 4, "cpu")
@@ -197,6 +235,13 @@ def test_fused_gru_segments_on_gpu(poisoned, segments):
     u, weight, h0 = _layer(2, 20000, 96, "cuda")
     plan = FusedPlan(segments=segments)
     _check_layer(u, weight, h0, plan, F32_TOL, f"cuda segments={segments}")
+
+
+@pytest.mark.cuda
+@needs_cuda
+@pytest.mark.parametrize("shape", [(8, 4096, 256), (3, 1000, 1000), (2, 1, 7)])
+def test_fused_gru_sequential_plans_on_gpu(poisoned, shape):
+    _check_sequential(*shape, "cuda", SEQUENTIAL_PLANS)
 
 
 @pytest.mark.cuda

@@ -15,11 +15,12 @@ path (``"auto"``) or raise a clear error (``"fused"``).
 
 ``"auto"``'s cost model is per cell (``pararnn_kernels.fused.choose_fused_{gru,lstm,slstm}_method``):
 both fused paths cost at least the byte floor ``(G + k) · B·T·d · size / bandwidth`` (G gate
-blocks read, k state components written); the sequential kernel adds ``T`` steps of 0.25 µs per
+blocks read, k state components written); the sequential kernel adds ``T`` steps of 0.16 µs per
 wave of programs (measured on the GRU, H200) times the cell's sequential work factor (GRU 1,
-LSTM 1.85, sLSTM 2.0), Newton adds 0.07 ms per call and its chunks at 6.5 µs per 128 steps per
-wave times the cell's Newton work factor (GRU 1, LSTM 2.3, sLSTM 4.0; the block factors fitted
-to their kernels' times on the same GPU).
+LSTM 2.9, sLSTM 3.1) and reaches the cell's share of the bandwidth (GRU 90 %, the block cells
+43 %), Newton adds 0.05 ms per call and its chunks at 6.5 µs per 128 steps per wave times the
+cell's Newton work factor (GRU 1, LSTM 2.3, sLSTM 4.0; the block factors fitted to their
+kernels' times on the same GPU).
 """
 
 from __future__ import annotations

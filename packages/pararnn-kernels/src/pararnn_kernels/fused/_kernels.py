@@ -318,13 +318,20 @@ def gru_sequential_kernel(
     D,
     ROWS: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    VEC: tl.constexpr,
 ):
     """``h_t = f(h_{t-1}, u_t)`` one step at a time, ``ROWS`` steps per load: the next group's
     inputs are in flight while this group's steps run, and each group's states are stored as
-    one tile (enough bytes in flight to reach bandwidth when ``B·D`` is large)."""
+    one tile (enough bytes in flight to reach bandwidth when ``B·D`` is large).
+
+    ``VEC`` caps the channels a thread loads as one vector: when ``BLOCK_D`` is ``VEC`` times
+    the program's threads, every thread holds all ``ROWS`` steps of its channels, so picking a
+    step out of the tile (and putting the new state into the output tile) folds to register
+    moves instead of reductions across threads.
+    """
     pid_d = tl.program_id(0)
     pid_b = tl.program_id(1)
-    offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    offs_d = tl.max_contiguous(pid_d * BLOCK_D + tl.arange(0, BLOCK_D), VEC)
     mask_d = offs_d < D
     rows = tl.arange(0, ROWS)
     a_z, a_r, a_c = _load_weights(w_ptr, offs_d, mask_d, D)
@@ -337,13 +344,12 @@ def gru_sequential_kernel(
         n_z, n_r, n_c = _load_chunk(u_ptr, row_base, c0 + ROWS, T, D, offs_d, mask_d, ROWS)
         block = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
         for r in tl.static_range(ROWS):
-            pick = (rows == r)[:, None]
-            u_z = tl.sum(tl.where(pick, g_z, 0.0), axis=0)
-            u_r = tl.sum(tl.where(pick, g_r, 0.0), axis=0)
-            u_c = tl.sum(tl.where(pick, g_c, 0.0), axis=0)
+            u_z = _pick_row(g_z, rows, r)
+            u_r = _pick_row(g_r, rows, r)
+            u_c = _pick_row(g_c, rows, r)
             z, _r, c = _gru_gates(h, u_z, u_r, u_c, a_z, a_r, a_c)
             h = h + z * (c - h)
-            block = tl.where(pick, h[None, :], block)
+            block = tl.where((rows == r)[:, None], h[None, :], block)
         t = c0 + rows
         mask = (t < T)[:, None] & mask_d[None, :]
         offs = (row_base + t)[:, None] * D + offs_d[None, :]
@@ -366,8 +372,13 @@ def _tile_max(x):
 
 @triton.jit
 def _pick_row(x, rows, i):
-    """Row ``i`` of a ``[BLOCK_T, BLOCK_D]`` tile as ``[BLOCK_D]`` (other rows may hold NaN)."""
-    return tl.sum(tl.where((rows == i)[:, None], x, 0.0), axis=0)
+    """Row ``i`` of a ``[BLOCK_T, BLOCK_D]`` tile as ``[BLOCK_D]`` (other rows may hold NaN).
+
+    The other rows count as -0.0, the exact identity of float addition (``x + -0.0 == x`` for
+    every x, where ``+0.0`` would turn a -0.0 into +0.0): with ``i`` known at compile time and
+    the rows held in one thread, the compiler folds the whole sum to a register move.
+    """
+    return tl.sum(tl.where((rows == i)[:, None], x, -0.0), axis=0)
 
 
 @triton.jit

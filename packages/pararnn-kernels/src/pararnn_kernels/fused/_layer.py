@@ -122,7 +122,10 @@ class CellSpec:
         backward_block_t: default backward chunk.
         newton_work: one Newton chunk step of this cell in units of the GRU's (cost model).
         sequential_work: one sequential step in units of the GRU's (cost model).
-        sequential_rows: the sequential kernel takes ``ROWS`` (steps per loaded tile).
+        sequential_bw_share: the share of the copy bandwidth the sequential kernel reaches when
+            ``B·D`` fills the GPU (cost model).
+        sequential_rows: the sequential kernel takes ``ROWS`` (steps per loaded tile) and
+            ``VEC`` (channels per thread).
     """
 
     name: str
@@ -137,6 +140,7 @@ class CellSpec:
     backward_block_t: int
     newton_work: float
     sequential_work: float
+    sequential_bw_share: float
     sequential_rows: bool = False
 
     @property
@@ -266,16 +270,17 @@ def _stacked(weights: Sequence[Tensor]) -> Tensor:
 # Cost-model constants, measured on an H200 in float32 on the GRU kernels with
 # benchmarks/bench_fused.py (docs/benchmarks.md has the sweep): a Newton chunk of 128 steps takes
 # about NEWTON_CHUNK_S per wave of resident programs, plus NEWTON_FIXED_S per call (the host
-# work around the launch and the stats read-back; refitted 2026-12-03 after the launches stopped
-# going through wrap_triton's higher-order op, which had cost about 0.3 ms); the sequential
-# kernel takes SEQUENTIAL_STEP_S per step per wave and reaches SEQUENTIAL_BW_SHARE of the copy
-# bandwidth when B·D fills the GPU. The block cells scale the two times by their CellSpec work
-# factors, fitted to pararnn-bench's recurrence-scope times of their fused kernels at B = 8,
-# d = 256, T = 1024-16384 on the same GPU (docs/benchmarks.md).
+# work around the launch and the stats read-back; 0.35 ms until the launches stopped going
+# through wrap_triton's higher-order op, refitted to 0.07 ms then and to 0.05 ms on the Newton
+# times at T = 512-16384 measured beside the new sequential kernel, 2026-12-04); the sequential
+# kernel takes SEQUENTIAL_STEP_S per step per wave (refitted 2026-12-04 to the GRU kernel that
+# walks whole tiles per thread: 0.16 us, was 0.25 us) and reaches its CellSpec's
+# sequential_bw_share of the copy bandwidth when B·D fills the GPU. The block cells scale the two
+# times by their CellSpec work factors, fitted to pararnn-bench's recurrence-scope times of their
+# fused kernels at B = 8, d = 256, T = 1024-16384 on the same GPU (docs/benchmarks.md).
 NEWTON_CHUNK_S: Final = 6.5e-6
-NEWTON_FIXED_S: Final = 0.07e-3
-SEQUENTIAL_STEP_S: Final = 0.25e-6
-SEQUENTIAL_BW_SHARE: Final = 0.43
+NEWTON_FIXED_S: Final = 0.05e-3
+SEQUENTIAL_STEP_S: Final = 0.16e-6
 #: The copy bandwidth of an H200 (bytes read plus written per second), for the byte floor.
 HBM_BYTES_PER_S: Final = 4.3e12
 _RESIDENT_PER_SM: Final = 4
@@ -312,16 +317,20 @@ def plan_fused(
     return FusedPlan(block_t, block_d, segments, num_warps or 2)
 
 
-def sequential_plan(spec: CellSpec, batch: int, channels: int) -> tuple[int, int, int]:
-    """``(block_d, rows, num_warps)`` of the sequential kernel, the fastest measured for the GRU:
-    16 channels and 4 steps per tile while B·D is small (latency-bound), 64 channels one step
-    at a time when B·D fills the GPU (bandwidth-bound). ``rows`` is 0 for kernels that walk one
-    step per load (the block cells)."""
+def sequential_plan(spec: CellSpec, batch: int, channels: int) -> tuple[int, int, int, int]:
+    """``(block_d, rows, num_warps, vec)`` of the sequential kernel.
+
+    Kernels that take ``ROWS`` (the GRU's): 64 channels, 16 steps per tile, one warp, 2
+    channels per thread -- every thread holds its channels' 16 steps, the fastest measured at
+    every shape of the sweep (B·D from 256 to 65536, docs/benchmarks.md). The others (the block cells) walk one step per load: 16
+    channels while ``B·D`` is small (latency-bound), 64 when it fills the GPU; ``rows`` is 0 and
+    ``vec`` unused for them.
+    """
+    if spec.sequential_rows:
+        return min(64, triton_next_power_of_2(channels)), 16, 1, 2
     wide = batch * channels >= _WIDE
     block_d = min(64 if wide else 16, triton_next_power_of_2(channels))
-    if not spec.sequential_rows:
-        return block_d, 0, max(1, min(4, block_d // 32))
-    return block_d, 1 if wide else 4, 2 if wide else 1
+    return block_d, 0, max(1, min(4, block_d // 32)), 0
 
 
 def estimate_seconds(
@@ -337,7 +346,7 @@ def estimate_seconds(
     Both read ``u`` once and write the states once: the byte floor is
     ``(G + k) · B·T·D · size / bandwidth``. Sequential: ``T`` steps of
     ``SEQUENTIAL_STEP_S · sequential_work`` per wave of programs, or the floor over its share of
-    the bandwidth. Newton: ``NEWTON_FIXED_S`` plus the chunks of its plan at
+    the bandwidth (``sequential_bw_share``). Newton: ``NEWTON_FIXED_S`` plus the chunks of its plan at
     ``NEWTON_CHUNK_S · newton_work · block_t / 128`` each, per wave, per pass.
     """
     size = torch.empty((), dtype=dtype).element_size()
@@ -346,7 +355,7 @@ def estimate_seconds(
     seq_block_d = sequential_plan(spec, batch, channels)[0]
     seq_waves = math.ceil(batch * math.ceil(channels / seq_block_d) / (_SEQUENTIAL_PER_SM * sms))
     seq_step = SEQUENTIAL_STEP_S * spec.sequential_work
-    sequential = max(floor / SEQUENTIAL_BW_SHARE, steps * seq_step * seq_waves)
+    sequential = max(floor / spec.sequential_bw_share, steps * seq_step * seq_waves)
     plan = plan_fused(spec, batch, steps, channels, device)
     programs = batch * math.ceil(channels / plan.block_d) * plan.segments
     waves = math.ceil(programs / (_RESIDENT_PER_SM * sms))
@@ -575,20 +584,28 @@ def sequential(
     block_d: int | None,
     rows: int | None = None,
     num_warps: int | None = None,
+    vec: int | None = None,
 ) -> Tensor:
     """The recurrence one step at a time in one kernel, for any cell (:func:`sequential_plan`)."""
     batch, steps, channels = check_layer(spec, u, weights, h0)
     dev = u.device
-    auto_d, auto_rows, auto_warps = sequential_plan(spec, batch, channels)
+    auto_d, auto_rows, auto_warps, auto_vec = sequential_plan(spec, batch, channels)
     block_d = block_d or auto_d
     num_warps = num_warps or auto_warps
     extra: dict[str, int] = {}
     if spec.sequential_rows:
         extra["ROWS"] = rows or auto_rows
-    elif rows not in (None, 1):
-        raise ValueError(
-            f"the {spec.name} sequential kernel walks one step per load; got rows={rows}"
-        )
+        extra["VEC"] = vec or min(auto_vec, block_d)
+        if extra["VEC"] & (extra["VEC"] - 1) or extra["VEC"] > block_d:
+            raise ValueError(
+                f"vec must be a power of two from 1 to block_d = {block_d}, got {extra['VEC']}"
+            )
+    else:
+        for name, value in (("rows", rows), ("vec", vec)):
+            if value not in (None, 1):
+                raise ValueError(
+                    f"the {spec.name} sequential kernel walks one step per load; got {name}={value}"
+                )
     if h0 is None:
         h0 = spec.empty_state((batch,), channels, dev, u.dtype)
     out = torch.empty(batch, steps, *spec.state_tail(channels), device=dev, dtype=u.dtype)

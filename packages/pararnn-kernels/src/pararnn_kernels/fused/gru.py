@@ -86,6 +86,7 @@ GRU: CellSpec = CellSpec(
     backward_block_t=128,
     newton_work=1.0,
     sequential_work=1.0,
+    sequential_bw_share=0.9,
     sequential_rows=True,
 )
 
@@ -135,9 +136,10 @@ def choose_fused_gru_method(
     bandwidth``). The sequential kernel pays ``T`` steps of latency (:data:`SEQUENTIAL_STEP_S`)
     per wave of programs, or its share of the bandwidth once ``B·D`` fills the GPU; Newton pays
     its chunk time (:data:`NEWTON_CHUNK_S` per 128 steps) per wave plus a fixed cost per call.
-    Measured picks (H200, fp32): sequential at ``(8, 128, 256)``, ``(8, 256, 256)`` and
-    ``(64, 4096, 1024)``, Newton at ``(8, 512, 256)`` to ``(8, 16384, 256)`` and
-    ``(1, 65536, 256)``.
+    Measured (H200, fp32): Newton is the faster kernel from ``(8, 512, 256)`` to
+    ``(8, 16384, 256)`` and at ``(1, 65536, 256)``, the sequential kernel at
+    ``(64, 4096, 1024)`` and (by the earlier, slower sequential kernel's margin) at
+    ``(8, 128, 256)`` and ``(8, 256, 256)``; the model picks each of those.
     """
     return choose_method(GRU, batch, steps, channels, device, dtype)
 
@@ -244,13 +246,18 @@ def fused_gru_sequential(
     block_d: int | None = None,
     rows: int | None = None,
     num_warps: int | None = None,
+    vec: int | None = None,
 ) -> Tensor:
     """The GRU recurrence one step at a time in one kernel: ``u [B, T, 3D]`` -> ``[B, T, D]``.
 
-    ``block_d`` channels per program and ``rows`` steps per loaded and stored tile; the defaults
-    are the fastest measured (16 x 4 while ``B·D < 2^15``, 64 x 1 above).
+    ``block_d`` channels per program, ``rows`` steps per loaded and stored tile, ``vec``
+    channels per thread; the defaults (64 channels, 16 steps, one warp, 2 channels per thread:
+    each thread walks its channels through the tile in registers) are the fastest measured at
+    every ``B·D`` (docs/benchmarks.md).
     """
-    return sequential(GRU, u, (weight,), h0, block_d=block_d, rows=rows, num_warps=num_warps)
+    return sequential(
+        GRU, u, (weight,), h0, block_d=block_d, rows=rows, num_warps=num_warps, vec=vec
+    )
 
 
 def reference_gru_sequential(u: Tensor, weight: Tensor, h0: Tensor | None = None) -> Tensor:
