@@ -322,9 +322,9 @@ def sequential_plan(spec: CellSpec, batch: int, channels: int) -> tuple[int, int
 
     Kernels that take ``ROWS`` (the GRU's): 64 channels, 16 steps per tile, one warp, 2
     channels per thread -- every thread holds its channels' 16 steps, the fastest measured at
-    every shape of the sweep (B·D from 256 to 65536, docs/benchmarks.md). The others (the block cells) walk one step per load: 16
-    channels while ``B·D`` is small (latency-bound), 64 when it fills the GPU; ``rows`` is 0 and
-    ``vec`` unused for them.
+    every shape of the sweep (``B·D`` from 256 to 65536, docs/benchmarks.md). The others (the
+    block cells) walk one step per load: 16 channels while ``B·D`` is small (latency-bound), 64
+    when it fills the GPU; ``rows`` is 0 and ``vec`` unused for them.
     """
     if spec.sequential_rows:
         return min(64, triton_next_power_of_2(channels)), 16, 1, 2
@@ -346,8 +346,8 @@ def estimate_seconds(
     Both read ``u`` once and write the states once: the byte floor is
     ``(G + k) · B·T·D · size / bandwidth``. Sequential: ``T`` steps of
     ``SEQUENTIAL_STEP_S · sequential_work`` per wave of programs, or the floor over its share of
-    the bandwidth (``sequential_bw_share``). Newton: ``NEWTON_FIXED_S`` plus the chunks of its plan at
-    ``NEWTON_CHUNK_S · newton_work · block_t / 128`` each, per wave, per pass.
+    the bandwidth (``sequential_bw_share``). Newton: ``NEWTON_FIXED_S`` plus the chunks of its
+    plan at ``NEWTON_CHUNK_S · newton_work · block_t / 128`` each, per wave, per pass.
     """
     size = torch.empty((), dtype=dtype).element_size()
     floor = (len(spec.gates) + spec.k) * batch * steps * channels * size / HBM_BYTES_PER_S
