@@ -9,6 +9,8 @@ shape's line names the cost model's estimates and pick beside the measured times
     python3 benchmarks/bench_fused.py --out OUT/fused          # every sweep, five shapes
     python3 benchmarks/bench_fused.py --out OUT/fused --kinds --shapes 8x128x256 8x4096x256
                                                                # the default plans only
+    python3 benchmarks/bench_fused.py --out OUT/fused --kinds --block-cells lstm slstm
+                                       # also the block cells' sequential kernels over plans
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from pararnn_kernels.fused import (
     fused_gru_backward,
     fused_gru_newton,
     fused_gru_sequential,
+    fused_lstm_sequential,
+    fused_slstm_sequential,
     plan_fused_gru,
 )
 
@@ -47,6 +51,16 @@ SEQUENTIAL_PLANS = [
     *((32 * w * v, rows, w, v) for v in (1, 2, 4) for w in (1, 2) for rows in (4, 8, 16)),
     (16, 4, 1, 4),
     (64, 1, 2, 4),
+]
+#: (block_d, rows, num_warps, vec) of the block cells' sequential kernels (None: the default).
+#: Whole tiles of 16 steps spill registers there (sm_90 compile), so 4-8 steps.
+BLOCK_SEQUENTIAL_PLANS = [
+    (None, None, None, None),
+    (64, 4, 1, 2),
+    (64, 8, 1, 2),
+    (128, 8, 2, 2),
+    (128, 4, 1, 4),
+    (32, 8, 1, 1),
 ]
 SHAPES = [(8, 1024, 256), (8, 4096, 256), (8, 16384, 256), (64, 4096, 1024), (1, 65536, 256)]
 
@@ -157,6 +171,45 @@ def bench_shape(
     return records
 
 
+def bench_block_sequential(
+    cell: str, batch: int, steps: int, channels: int, bandwidth: float
+) -> list[dict[str, object]]:
+    """The sequential kernel of ParaLSTM or ParaSLSTM over BLOCK_SEQUENTIAL_PLANS at one shape."""
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    gates, k = (3, 2) if cell == "lstm" else (4, 3)
+    u = torch.randn(batch, steps, gates * channels, device=dev)
+    if cell == "slstm":  # ParaSLSTM's init scale and forget bias (as its tests)
+        u /= 3**0.5
+        u[..., 2 * channels : 3 * channels] -= 2.0
+    rows = (5,) if cell == "lstm" else (4,)
+    weights = [0.25 * (2 * torch.rand(r, channels, device=dev) - 1) for r in rows]
+    if cell == "lstm":
+        weights = [weights[0][:3].contiguous(), weights[0][3:].contiguous()]
+    run = fused_lstm_sequential if cell == "lstm" else fused_slstm_sequential
+    floor_ms = (gates + k) * batch * steps * channels * 4 / bandwidth * 1e3
+    reference = run(u, *weights)
+    records: list[dict[str, object]] = []
+    for bd, rows_, warps, vec in BLOCK_SEQUENTIAL_PLANS:
+        plan = dict(block_d=bd, rows=rows_, num_warps=warps, vec=vec)
+        err = (run(u, *weights, **plan) - reference).abs().max().item()
+        ms = triton.testing.do_bench(lambda plan=plan: run(u, *weights, **plan))
+        print(
+            f"  {cell} sequential {bd or 'default'} x {rows_ or '-'} warps={warps} vec={vec}: "
+            f"{ms:.3f} ms ({100 * floor_ms / ms:.1f} % of the floor, max diff {err:.1e})"
+        )
+        records.append(
+            dict(
+                shape=[batch, steps, channels],
+                kind=f"{cell}_sequential",
+                plan=list(plan.values()),
+                ms=ms,
+                max_abs_diff=err,
+            )
+        )
+    return records
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=pathlib.Path, required=True, help="folder for results.json")
@@ -172,6 +225,13 @@ def main() -> None:
     parser.add_argument(
         "--shapes", nargs="+", type=parse_shape, default=SHAPES, help="BxTxD shapes"
     )
+    parser.add_argument(
+        "--block-cells",
+        nargs="*",
+        choices=("lstm", "slstm"),
+        default=[],
+        help="also sweep these cells' sequential kernels over BLOCK_SEQUENTIAL_PLANS",
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     bandwidth = copy_bandwidth()
@@ -179,6 +239,8 @@ def main() -> None:
     records: list[dict[str, object]] = []
     for batch, steps, channels in args.shapes:
         records += bench_shape(batch, steps, channels, bandwidth, args.quick, set(args.kinds))
+        for cell in args.block_cells:
+            records += bench_block_sequential(cell, batch, steps, channels, bandwidth)
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     payload = dict(date=stamp, bandwidth=bandwidth, records=records)
     (args.out / "results.json").write_text(json.dumps(payload, indent=1))

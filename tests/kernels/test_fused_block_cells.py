@@ -179,6 +179,46 @@ def test_fused_block_cell_in_interpreter(poisoned, cell, steps, segments, with_h
     )
 
 
+#: (block_d, rows, num_warps, vec) plans of the sequential kernels: the default (one step per
+#: tile), whole tiles per thread as the GRU's default, other widths, a tile longer than the
+#: sequence.
+SEQUENTIAL_PLANS = [
+    (None, None, None, None),
+    (64, 16, 1, 2),
+    (32, 4, 1, 1),
+    (16, 8, 1, 4),
+    (8, 32, 1, 1),
+]
+
+
+def _check_sequential_plans(cell, batch, steps, channels, device):
+    u, weights, h0 = cell.layer(batch, steps, channels, device)
+    ref = cell.reference(u.double(), *[w.double() for w in weights], h0.double())
+    for bd, rows, warps, vec in SEQUENTIAL_PLANS:
+        states = cell.sequential(u, *weights, h0, block_d=bd, rows=rows, num_warps=warps, vec=vec)
+        _check_states(cell, states, ref, F32_TOL, f"{cell.name} sequential {bd}x{rows} v{vec}")
+
+
+@needs_interpreter
+@pytest.mark.parametrize("cell", CELLS)
+@pytest.mark.parametrize("steps", [1, 17, 63])
+def test_fused_block_cell_sequential_plans_in_interpreter(poisoned, cell, steps):
+    # D = 37: partial channel blocks at every block_d; T = 17, 63: partial row tiles.
+    _check_sequential_plans(cell, 2, steps, 37, "cpu")
+
+
+@needs_interpreter
+@pytest.mark.parametrize("cell", CELLS)
+def test_fused_block_cell_sequential_rejects_bad_plans(cell):
+    u, weights, h0 = cell.layer(1, 4, 8, "cpu")
+    with pytest.raises(ValueError, match="rows must be a power of two, got 3"):
+        cell.sequential(u, *weights, h0, rows=3)
+    with pytest.raises(ValueError, match="block_d must be a power of two, got 12"):
+        cell.sequential(u, *weights, h0, block_d=12)
+    with pytest.raises(ValueError, match="vec must be a power of two from 1 to block_d = 8"):
+        cell.sequential(u, *weights, h0, block_d=8, vec=16)
+
+
 @needs_interpreter
 @pytest.mark.parametrize("cell", CELLS)
 def test_fused_block_cell_initial_state_guess_in_interpreter(poisoned, cell):
@@ -306,6 +346,14 @@ def test_fused_block_cell_segments_on_gpu(poisoned, cell, segments):
     u, weights, h0 = cell.layer(2, 20000, 96, "cuda")
     plan = cell.plan(2, 20000, 96, torch.device("cuda"), segments=segments)
     _check_layer(cell, u, weights, h0, plan, F32_TOL, f"cuda {cell.name} segments={segments}")
+
+
+@pytest.mark.cuda
+@needs_cuda
+@pytest.mark.parametrize("cell", CELLS)
+@pytest.mark.parametrize("shape", [(8, 4096, 256), (3, 1000, 1000), (2, 1, 7)])
+def test_fused_block_cell_sequential_plans_on_gpu(poisoned, cell, shape):
+    _check_sequential_plans(cell, *shape, "cuda")
 
 
 @pytest.mark.cuda

@@ -21,7 +21,7 @@ the pair ``(A, b)`` of a 2x2 block and a 2-vector in place of the scalar pair:
   cotangent of the state step t consumed): ``ν_t = J_tᵀ ν_{t+1} + J_tᵀ g_t``, whose multiplier
   is each row's own Jacobian, so only the 2-vector ``ν`` is shifted by one row (not the block);
   then ``μ_t = g_t + ν_{t+1}`` and ``∂L/∂h0 = ν_0``.
-* ``lstm_sequential_kernel`` -- the recurrence step by step.
+* ``lstm_sequential_kernel`` -- the recurrence step by step, ``ROWS`` steps per loaded tile.
 """
 
 import triton
@@ -387,26 +387,47 @@ def lstm_sequential_kernel(
     out_ptr,
     T,
     D,
+    ROWS: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    VEC: tl.constexpr,
 ):
-    """``(c, h)_t = f((c, h)_{t-1}, u_t)`` one step at a time; the next inputs load meanwhile."""
+    """``(c, h)_t = f((c, h)_{t-1}, u_t)`` one step at a time, ``ROWS`` steps per loaded and
+    stored tile, ``VEC`` channels per thread at most (see ``gru_sequential_kernel``)."""
     pid_d = tl.program_id(0)
     pid_b = tl.program_id(1)
-    offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    offs_d = tl.max_contiguous(pid_d * BLOCK_D + tl.arange(0, BLOCK_D), VEC)
     mask_d = offs_d < D
+    rows = tl.arange(0, ROWS)
     a_f, a_z, a_o, p_f, p_o = _load_weights(w_ptr, offs_d, mask_d, D)
     h0_slot = (pid_b.to(tl.int64) * D + offs_d) * 2
     c = tl.load(h0_ptr + h0_slot, mask=mask_d, other=0.0).to(tl.float32)
     h = tl.load(h0_ptr + h0_slot + 1, mask=mask_d, other=0.0).to(tl.float32)
     row_base = pid_b.to(tl.int64) * T
-    offs_u = row_base * (3 * D) + offs_d
-    u_f, u_z, u_o = _load_gates(u_ptr, offs_u, mask_d, D)
-    for t in range(T):
-        cur_f, cur_z, cur_o = u_f, u_z, u_o
-        u_f, u_z, u_o = _load_gates(u_ptr, offs_u + 3 * D, mask_d & (offs_d * 0 + t + 1 < T), D)
-        _f, _z, c, o, tc = _lstm_forward(c, h, cur_f, cur_z, cur_o, a_f, a_z, a_o, p_f, p_o)
-        h = o * tc
-        out = ((row_base + t) * D + offs_d) * 2
-        tl.store(out_ptr + out, c.to(out_ptr.dtype.element_ty), mask=mask_d)
-        tl.store(out_ptr + out + 1, h.to(out_ptr.dtype.element_ty), mask=mask_d)
-        offs_u += 3 * D
+    n_f, n_z, n_o = _load_chunk(u_ptr, row_base, 0, T, D, offs_d, mask_d, ROWS)
+    for c0 in range(0, T, ROWS):
+        g_f, g_z, g_o = n_f, n_z, n_o
+        n_f, n_z, n_o = _load_chunk(u_ptr, row_base, c0 + ROWS, T, D, offs_d, mask_d, ROWS)
+        block_c = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
+        block_h = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
+        for r in tl.static_range(ROWS):
+            _f, _z, c, o, tc = _lstm_forward(
+                c,
+                h,
+                _pick_row(g_f, rows, r),
+                _pick_row(g_z, rows, r),
+                _pick_row(g_o, rows, r),
+                a_f,
+                a_z,
+                a_o,
+                p_f,
+                p_o,
+            )
+            h = o * tc
+            here = (rows == r)[:, None]
+            block_c = tl.where(here, c[None, :], block_c)
+            block_h = tl.where(here, h[None, :], block_h)
+        t = c0 + rows
+        mask = (t < T)[:, None] & mask_d[None, :]
+        out = ((row_base + t)[:, None] * D + offs_d[None, :]) * 2
+        tl.store(out_ptr + out, block_c.to(out_ptr.dtype.element_ty), mask=mask)
+        tl.store(out_ptr + out + 1, block_h.to(out_ptr.dtype.element_ty), mask=mask)

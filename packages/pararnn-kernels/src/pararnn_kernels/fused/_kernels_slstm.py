@@ -454,32 +454,52 @@ def slstm_sequential_kernel(
     out_ptr,
     T,
     D,
+    ROWS: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    VEC: tl.constexpr,
 ):
-    """``(ĉ, ℓ, h)_t = f((ĉ, ℓ, h)_{t-1}, u_t)`` one step at a time; next inputs load meanwhile."""
+    """``(ĉ, ℓ, h)_t = f((ĉ, ℓ, h)_{t-1}, u_t)`` one step at a time, ``ROWS`` steps per loaded
+    and stored tile, ``VEC`` channels per thread at most (see ``gru_sequential_kernel``)."""
     pid_d = tl.program_id(0)
     pid_b = tl.program_id(1)
-    offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    offs_d = tl.max_contiguous(pid_d * BLOCK_D + tl.arange(0, BLOCK_D), VEC)
     mask_d = offs_d < D
+    rows = tl.arange(0, ROWS)
     r_z, r_i, r_f, r_o = _load_weights(w_ptr, offs_d, mask_d, D)
     h0_slot = (pid_b.to(tl.int64) * D + offs_d) * 3
     c = tl.load(h0_ptr + h0_slot, mask=mask_d, other=0.0).to(tl.float32)
     ell = tl.load(h0_ptr + h0_slot + 1, mask=mask_d, other=0.0).to(tl.float32)
     h = tl.load(h0_ptr + h0_slot + 2, mask=mask_d, other=0.0).to(tl.float32)
     row_base = pid_b.to(tl.int64) * T
-    offs_u = row_base * (4 * D) + offs_d
-    u_z, u_i, u_f, u_o = _load_gates(u_ptr, offs_u, mask_d, D)
-    for t in range(T):
-        cur_z, cur_i, cur_f, cur_o = u_z, u_i, u_f, u_o
-        u_z, u_i, u_f, u_o = _load_gates(
-            u_ptr, offs_u + 4 * D, mask_d & (offs_d * 0 + t + 1 < T), D
-        )
-        _z, _fp, o, ell, _lam, c = _slstm_forward(
-            c, ell, h, cur_z, cur_i, cur_f, cur_o, r_z, r_i, r_f, r_o
-        )
-        h = o * c
-        out = ((row_base + t) * D + offs_d) * 3
-        tl.store(out_ptr + out, c.to(out_ptr.dtype.element_ty), mask=mask_d)
-        tl.store(out_ptr + out + 1, ell.to(out_ptr.dtype.element_ty), mask=mask_d)
-        tl.store(out_ptr + out + 2, h.to(out_ptr.dtype.element_ty), mask=mask_d)
-        offs_u += 4 * D
+    n_z, n_i, n_f, n_o = _load_chunk(u_ptr, row_base, 0, T, D, offs_d, mask_d, ROWS)
+    for c0 in range(0, T, ROWS):
+        g_z, g_i, g_f, g_o = n_z, n_i, n_f, n_o
+        n_z, n_i, n_f, n_o = _load_chunk(u_ptr, row_base, c0 + ROWS, T, D, offs_d, mask_d, ROWS)
+        block_c = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
+        block_ell = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
+        block_h = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
+        for r in tl.static_range(ROWS):
+            _z, _fp, o, ell, _lam, c = _slstm_forward(
+                c,
+                ell,
+                h,
+                _pick_row(g_z, rows, r),
+                _pick_row(g_i, rows, r),
+                _pick_row(g_f, rows, r),
+                _pick_row(g_o, rows, r),
+                r_z,
+                r_i,
+                r_f,
+                r_o,
+            )
+            h = o * c
+            here = (rows == r)[:, None]
+            block_c = tl.where(here, c[None, :], block_c)
+            block_ell = tl.where(here, ell[None, :], block_ell)
+            block_h = tl.where(here, h[None, :], block_h)
+        t = c0 + rows
+        mask = (t < T)[:, None] & mask_d[None, :]
+        out = ((row_base + t)[:, None] * D + offs_d[None, :]) * 3
+        tl.store(out_ptr + out, block_c.to(out_ptr.dtype.element_ty), mask=mask)
+        tl.store(out_ptr + out + 1, block_ell.to(out_ptr.dtype.element_ty), mask=mask)
+        tl.store(out_ptr + out + 2, block_h.to(out_ptr.dtype.element_ty), mask=mask)

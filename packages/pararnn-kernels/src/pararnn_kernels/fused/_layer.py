@@ -124,8 +124,9 @@ class CellSpec:
         sequential_work: one sequential step in units of the GRU's (cost model).
         sequential_bw_share: the share of the copy bandwidth the sequential kernel reaches when
             ``B·D`` fills the GPU (cost model).
-        sequential_rows: the sequential kernel takes ``ROWS`` (steps per loaded tile) and
-            ``VEC`` (channels per thread).
+        sequential_tiles: the sequential kernel's default plan walks whole tiles per thread
+            (measured faster for this cell); False: one step per tile, the plan measured before
+            the kernels took tiles (:func:`sequential_plan`).
     """
 
     name: str
@@ -141,7 +142,7 @@ class CellSpec:
     newton_work: float
     sequential_work: float
     sequential_bw_share: float
-    sequential_rows: bool = False
+    sequential_tiles: bool = False
 
     @property
     def k(self) -> int:
@@ -320,17 +321,18 @@ def plan_fused(
 def sequential_plan(spec: CellSpec, batch: int, channels: int) -> tuple[int, int, int, int]:
     """``(block_d, rows, num_warps, vec)`` of the sequential kernel.
 
-    Kernels that take ``ROWS`` (the GRU's): 64 channels, 16 steps per tile, one warp, 2
+    With ``spec.sequential_tiles`` (the GRU): 64 channels, 16 steps per tile, one warp, 2
     channels per thread -- every thread holds its channels' 16 steps, the fastest measured at
-    every shape of the sweep (``B·D`` from 256 to 65536, docs/benchmarks.md). The others (the
-    block cells) walk one step per load: 16 channels while ``B·D`` is small (latency-bound), 64
-    when it fills the GPU; ``rows`` is 0 and ``vec`` unused for them.
+    every shape of the sweep (``B·D`` from 256 to 65536, docs/benchmarks.md). Otherwise (the
+    block cells, not yet measured with tiles) the plan their kernels were measured with: one
+    step per tile, 16 channels while ``B·D`` is small (latency-bound), 64 when it fills the GPU,
+    vectors as wide as Triton makes them.
     """
-    if spec.sequential_rows:
+    if spec.sequential_tiles:
         return min(64, triton_next_power_of_2(channels)), 16, 1, 2
     wide = batch * channels >= _WIDE
     block_d = min(64 if wide else 16, triton_next_power_of_2(channels))
-    return block_d, 0, max(1, min(4, block_d // 32)), 0
+    return block_d, 1, max(1, min(4, block_d // 32)), block_d
 
 
 def estimate_seconds(
@@ -592,20 +594,13 @@ def sequential(
     auto_d, auto_rows, auto_warps, auto_vec = sequential_plan(spec, batch, channels)
     block_d = block_d or auto_d
     num_warps = num_warps or auto_warps
-    extra: dict[str, int] = {}
-    if spec.sequential_rows:
-        extra["ROWS"] = rows or auto_rows
-        extra["VEC"] = vec or min(auto_vec, block_d)
-        if extra["VEC"] & (extra["VEC"] - 1) or extra["VEC"] > block_d:
-            raise ValueError(
-                f"vec must be a power of two from 1 to block_d = {block_d}, got {extra['VEC']}"
-            )
-    else:
-        for name, value in (("rows", rows), ("vec", vec)):
-            if value not in (None, 1):
-                raise ValueError(
-                    f"the {spec.name} sequential kernel walks one step per load; got {name}={value}"
-                )
+    rows = rows or auto_rows
+    vec = vec or min(auto_vec, block_d)
+    for name, value in (("block_d", block_d), ("rows", rows)):
+        if value < 1 or value & (value - 1):
+            raise ValueError(f"{name} must be a power of two, got {value}")
+    if vec < 1 or vec & (vec - 1) or vec > block_d:
+        raise ValueError(f"vec must be a power of two from 1 to block_d = {block_d}, got {vec}")
     if h0 is None:
         h0 = spec.empty_state((batch,), channels, dev, u.dtype)
     out = torch.empty(batch, steps, *spec.state_tail(channels), device=dev, dtype=u.dtype)
@@ -616,9 +611,10 @@ def sequential(
         out,
         steps,
         channels,
+        ROWS=rows,
         BLOCK_D=block_d,
+        VEC=vec,
         num_warps=num_warps,
-        **extra,
     )
     return out
 

@@ -87,7 +87,7 @@ GRU: CellSpec = CellSpec(
     newton_work=1.0,
     sequential_work=1.0,
     sequential_bw_share=0.9,
-    sequential_rows=True,
+    sequential_tiles=True,
 )
 
 

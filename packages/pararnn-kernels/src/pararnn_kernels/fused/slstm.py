@@ -217,11 +217,28 @@ def fused_slstm_backward(
 
 
 def fused_slstm_sequential(
-    u: Tensor, recurrent_weight: Tensor, h0: Tensor | None = None, *, block_d: int | None = None
+    u: Tensor,
+    recurrent_weight: Tensor,
+    h0: Tensor | None = None,
+    *,
+    block_d: int | None = None,
+    rows: int | None = None,
+    num_warps: int | None = None,
+    vec: int | None = None,
 ) -> Tensor:
     """The ParaSLSTM recurrence one step at a time in one kernel: ``u [B, T, 4D]`` ->
-    ``[B, T, D, 3]``; ``block_d`` as in :func:`~pararnn_kernels.fused.fused_gru_sequential`."""
-    return sequential(SLSTM, u, (recurrent_weight,), h0, block_d=block_d)
+    ``[B, T, D, 3]``; the plan arguments and the default plan as in
+    :func:`~pararnn_kernels.fused.fused_lstm_sequential`."""
+    return sequential(
+        SLSTM,
+        u,
+        (recurrent_weight,),
+        h0,
+        block_d=block_d,
+        rows=rows,
+        num_warps=num_warps,
+        vec=vec,
+    )
 
 
 def reference_slstm_sequential(
