@@ -182,20 +182,19 @@ def bench_block_sequential(
     if cell == "slstm":  # ParaSLSTM's init scale and forget bias (as its tests)
         u /= 3**0.5
         u[..., 2 * channels : 3 * channels] -= 2.0
-    rows = (5,) if cell == "lstm" else (4,)
-    weights = [0.25 * (2 * torch.rand(r, channels, device=dev) - 1) for r in rows]
-    if cell == "lstm":
-        weights = [weights[0][:3].contiguous(), weights[0][3:].contiguous()]
+    # LSTM: recurrent [3, D] and peephole [2, D]; sLSTM: recurrent [4, D].
+    weight_rows = (3, 2) if cell == "lstm" else (4,)
+    weights = [0.25 * (2 * torch.rand(r, channels, device=dev) - 1) for r in weight_rows]
     run = fused_lstm_sequential if cell == "lstm" else fused_slstm_sequential
     floor_ms = (gates + k) * batch * steps * channels * 4 / bandwidth * 1e3
     reference = run(u, *weights)
     records: list[dict[str, object]] = []
-    for bd, rows_, warps, vec in BLOCK_SEQUENTIAL_PLANS:
-        plan = dict(block_d=bd, rows=rows_, num_warps=warps, vec=vec)
+    for bd, rows, warps, vec in BLOCK_SEQUENTIAL_PLANS:
+        plan = dict(block_d=bd, rows=rows, num_warps=warps, vec=vec)
         err = (run(u, *weights, **plan) - reference).abs().max().item()
         ms = triton.testing.do_bench(lambda plan=plan: run(u, *weights, **plan))
         print(
-            f"  {cell} sequential {bd or 'default'} x {rows_ or '-'} warps={warps} vec={vec}: "
+            f"  {cell} sequential {bd or 'default'} x {rows or '-'} warps={warps} vec={vec}: "
             f"{ms:.3f} ms ({100 * floor_ms / ms:.1f} % of the floor, max diff {err:.1e})"
         )
         records.append(
