@@ -319,13 +319,16 @@ def test_block_plans_and_cost_models_are_sane(cell, monkeypatch):
     assert cell.plan(1, 100, 16, cpu, block_t=8).block_t == 8
     with pytest.raises(ValueError, match="segments must be >= 1"):
         cell.plan(1, 100, 16, cpu, segments=0)
-    # Latency-bound sequential shapes go to Newton; one step has nothing to parallelise.
+    # The picks measured in docs/benchmarks.md (2026-12-04): long latency-bound sequences go to
+    # Newton; short ones, bandwidth-bound ones and a single step to the sequential kernel.
     assert cell.choose(8, 4096, 256, cpu, torch.float32) == "newton"
     assert cell.choose(1, 65536, 256, cpu, torch.float32) == "newton"
+    assert cell.choose(8, 512, 256, cpu, torch.float32) == "sequential"
+    assert cell.choose(64, 4096, 1024, cpu, torch.float32) == "sequential"
     assert cell.choose(4, 1, 16, cpu, torch.float32) == "sequential"
 
 
-CUDA_SHAPES = [(8, 4096, 256), (8, 16384, 256), (3, 17, 250), (2, 1, 7)]
+CUDA_SHAPES = [(8, 4096, 256), (8, 16384, 256), (1, 65536, 256), (3, 17, 250), (2, 1, 7)]
 
 
 @pytest.mark.cuda

@@ -207,7 +207,9 @@ def test_plan_and_cost_model_are_sane(monkeypatch):
     assert picks == {
         (8, 128, 256): "sequential",
         (8, 256, 256): "sequential",
-        (8, 512, 256): "newton",
+        # Near the crossover: measured 1.19x for Newton on one host and 1.34x for the
+        # sequential kernel on another (docs/benchmarks.md, 2026-12-04).
+        (8, 512, 256): "sequential",
         (8, 1024, 256): "newton",
         (8, 4096, 256): "newton",
         (8, 16384, 256): "newton",

@@ -17,9 +17,9 @@ path (``"auto"``) or raise a clear error (``"fused"``).
 both fused paths cost at least the byte floor ``(G + k) · B·T·d · size / bandwidth`` (G gate
 blocks read, k state components written); the sequential kernel adds ``T`` steps of 0.16 µs per
 wave of programs (measured on the GRU, H200) times the cell's sequential work factor (GRU 1,
-LSTM 2.9, sLSTM 3.1) and reaches the cell's share of the bandwidth (GRU 90 %, the block cells
-43 %), Newton adds 0.05 ms per call and its chunks at 6.5 µs per 128 steps per wave times the
-cell's Newton work factor (GRU 1, LSTM 2.3, sLSTM 4.0; the block factors fitted to their
+LSTM 1.33, sLSTM 1.94) and reaches the cell's share of the bandwidth (GRU 90 %, LSTM 70 %,
+sLSTM 55 %), Newton adds 0.1 ms per call and its chunks at 6.5 µs per 128 steps per wave times
+the cell's Newton work factor (GRU 1, LSTM 2.8, sLSTM 4.5; the block factors fitted to their
 kernels' times on the same GPU).
 """
 

@@ -124,9 +124,8 @@ class CellSpec:
         sequential_work: one sequential step in units of the GRU's (cost model).
         sequential_bw_share: the share of the copy bandwidth the sequential kernel reaches when
             ``B·D`` fills the GPU (cost model).
-        sequential_tiles: the sequential kernel's default plan walks whole tiles per thread
-            (measured faster for this cell); False: one step per tile, the plan measured before
-            the kernels took tiles (:func:`sequential_plan`).
+        sequential_rows: steps per tile of the sequential kernel's default plan, while ``B·D``
+            is small and once it fills the GPU (:func:`sequential_plan`).
     """
 
     name: str
@@ -142,7 +141,7 @@ class CellSpec:
     newton_work: float
     sequential_work: float
     sequential_bw_share: float
-    sequential_tiles: bool = False
+    sequential_rows: tuple[int, int]
 
     @property
     def k(self) -> int:
@@ -272,15 +271,19 @@ def _stacked(weights: Sequence[Tensor]) -> Tensor:
 # benchmarks/bench_fused.py (docs/benchmarks.md has the sweep): a Newton chunk of 128 steps takes
 # about NEWTON_CHUNK_S per wave of resident programs, plus NEWTON_FIXED_S per call (the host
 # work around the launch and the stats read-back; 0.35 ms until the launches stopped going
-# through wrap_triton's higher-order op, refitted to 0.07 ms then and to 0.05 ms on the Newton
-# times at T = 512-16384 measured beside the new sequential kernel, 2026-12-04); the sequential
+# through wrap_triton's higher-order op, refitted to 0.07 ms then, 0.05 ms on the Newton times
+# at T = 512-16384 of 2026-12-04 00:11 UTC, and 0.1 ms when the same kernels' times on another
+# host of the same GPU 3 hours later had an intercept of about 0.14 ms at the same 6.6 us per
+# chunk: the host's share, which varies); the sequential
 # kernel takes SEQUENTIAL_STEP_S per step per wave (refitted 2026-12-04 to the GRU kernel that
 # walks whole tiles per thread: 0.16 us, was 0.25 us) and reaches its CellSpec's
 # sequential_bw_share of the copy bandwidth when B·D fills the GPU. The block cells scale the two
-# times by their CellSpec work factors, fitted to pararnn-bench's recurrence-scope times of their
-# fused kernels at B = 8, d = 256, T = 1024-16384 on the same GPU (docs/benchmarks.md).
+# times by their CellSpec work factors: Newton's fitted to pararnn-bench's recurrence-scope times
+# of their fused kernels at B = 8, d = 256, T = 1024-16384, the sequential ones (and their
+# bandwidth shares) to bench_fused.py's times of their tile plans (2026-12-04), on the same GPU
+# (docs/benchmarks.md).
 NEWTON_CHUNK_S: Final = 6.5e-6
-NEWTON_FIXED_S: Final = 0.05e-3
+NEWTON_FIXED_S: Final = 0.1e-3
 SEQUENTIAL_STEP_S: Final = 0.16e-6
 #: The copy bandwidth of an H200 (bytes read plus written per second), for the byte floor.
 HBM_BYTES_PER_S: Final = 4.3e12
@@ -321,18 +324,15 @@ def plan_fused(
 def sequential_plan(spec: CellSpec, batch: int, channels: int) -> tuple[int, int, int, int]:
     """``(block_d, rows, num_warps, vec)`` of the sequential kernel.
 
-    With ``spec.sequential_tiles`` (the GRU): 64 channels, 16 steps per tile, one warp, 2
-    channels per thread -- every thread holds its channels' 16 steps, the fastest measured at
-    every shape of the sweep (``B·D`` from 256 to 65536, docs/benchmarks.md). Otherwise (the
-    block cells, not yet measured with tiles) the plan their kernels were measured with: one
-    step per tile, 16 channels while ``B·D`` is small (latency-bound), 64 when it fills the GPU,
-    vectors as wide as Triton makes them.
+    64 channels, one warp, 2 channels per thread, so that every thread holds all the tile's
+    steps of its channels, and ``spec.sequential_rows`` steps per tile: its first entry while
+    ``B·D`` is below ``2^15``, its second from there. The fastest plans of the sweeps in
+    docs/benchmarks.md (``B·D`` from 256 to 65536): 16 steps for the GRU, 8 for ParaLSTM,
+    8 and then 4 for ParaSLSTM (16 spill in both block cells).
     """
-    if spec.sequential_tiles:
-        return min(64, triton_next_power_of_2(channels)), 16, 1, 2
-    wide = batch * channels >= _WIDE
-    block_d = min(64 if wide else 16, triton_next_power_of_2(channels))
-    return block_d, 1, max(1, min(4, block_d // 32)), block_d
+    narrow, wide = spec.sequential_rows
+    rows = wide if batch * channels >= _WIDE else narrow
+    return min(64, triton_next_power_of_2(channels)), rows, 1, 2
 
 
 def estimate_seconds(

@@ -87,7 +87,7 @@ GRU: CellSpec = CellSpec(
     newton_work=1.0,
     sequential_work=1.0,
     sequential_bw_share=0.9,
-    sequential_tiles=True,
+    sequential_rows=(16, 16),
 )
 
 
@@ -136,10 +136,12 @@ def choose_fused_gru_method(
     bandwidth``). The sequential kernel pays ``T`` steps of latency (:data:`SEQUENTIAL_STEP_S`)
     per wave of programs, or its share of the bandwidth once ``B·D`` fills the GPU; Newton pays
     its chunk time (:data:`NEWTON_CHUNK_S` per 128 steps) per wave plus a fixed cost per call.
-    Measured (H200, fp32): Newton is the faster kernel from ``(8, 512, 256)`` to
+    Measured (H200, fp32): Newton is the faster kernel from ``(8, 1024, 256)`` to
     ``(8, 16384, 256)`` and at ``(1, 65536, 256)``, the sequential kernel at
     ``(64, 4096, 1024)`` and (by the earlier, slower sequential kernel's margin) at
-    ``(8, 128, 256)`` and ``(8, 256, 256)``; the model picks each of those.
+    ``(8, 128, 256)`` and ``(8, 256, 256)``; the model picks each of those. ``(8, 512, 256)``
+    is at the crossover (Newton 1.19x faster on one host, 1.34x slower on another); the model
+    picks the sequential kernel there.
     """
     return choose_method(GRU, batch, steps, channels, device, dtype)
 

@@ -57,7 +57,8 @@ def _lstm_step(state: Tensor, u: Tensor, rows: Tensor) -> Tensor:
 #: Cost factors against the GRU, fitted to the H200 times of these kernels (a Newton step scans
 #: six tiles under a 2x2 matrix product, 18 multiply-adds against the GRU's 3, besides four
 #: transcendentals; a sequential step's dependency chain holds three transcendentals against the
-#: GRU's two, and measured 0.46 us per step against the GRU's 0.25).
+#: GRU's two, and with tiles of 8 steps per thread measured 0.213 us per step against the GRU's
+#: 0.16, and 71.5 % of the copy bandwidth at B = 64, T = 4096, d = 1024).
 LSTM: CellSpec = CellSpec(
     name="LSTM",
     gates=("f", "z", "o"),
@@ -69,11 +70,10 @@ LSTM: CellSpec = CellSpec(
     empty=(0.0, 0.0),
     block_t=64,
     backward_block_t=32,
-    newton_work=2.3,
-    # 1.85 of the GRU's step when it took 0.25 us (before its sequential kernel walked whole
-    # tiles per thread): the same LSTM time in units of the GRU's 0.16 us step.
-    sequential_work=1.85 * 0.25 / 0.16,
-    sequential_bw_share=0.43,
+    newton_work=2.8,
+    sequential_work=1.33,
+    sequential_bw_share=0.7,
+    sequential_rows=(8, 8),
 )
 
 
@@ -113,8 +113,9 @@ def choose_fused_lstm_method(
 
     The GRU's model (:func:`~pararnn_kernels.fused.choose_fused_gru_method`) with the LSTM's
     factors: byte floor ``(3 + 2) · B·T·D · size / bandwidth`` (three gates read, two state
-    components written), the sequential step at 1.85 and the Newton chunk step at 2.3 times the
-    GRU's (fitted to the fused kernels' times on an H200, docs/benchmarks.md).
+    components written), the sequential step at 1.33 and the Newton chunk step at 2.8 times the
+    GRU's, 70 % of the copy bandwidth for the sequential kernel when ``B·D`` fills the GPU
+    (fitted to the fused kernels' times on an H200, docs/benchmarks.md).
     """
     return choose_method(LSTM, batch, steps, channels, device, dtype)
 

@@ -68,7 +68,9 @@ def _slstm_step(state: Tensor, u: Tensor, rows: Tensor) -> Tensor:
 #: Cost factors against the GRU, fitted to the H200 times of these kernels (a Newton step scans
 #: twelve tiles under a 3x3 matrix product, 39 multiply-adds against the GRU's 3, besides about
 #: seven transcendentals; a sequential step's dependency chain holds about five transcendentals,
-#: log-sigmoid, logaddexp and exp, against the GRU's two, and measured 0.51 us per step).
+#: log-sigmoid, logaddexp and exp, against the GRU's two, and with tiles of 8 steps per thread
+#: measured 0.31 us per step against the GRU's 0.16; with 4 steps, 55 % of the copy bandwidth at
+#: B = 64, T = 4096, d = 1024, where 8 reached only 43 %).
 SLSTM: CellSpec = CellSpec(
     name="sLSTM",
     gates=("z", "i", "f", "o"),
@@ -80,10 +82,10 @@ SLSTM: CellSpec = CellSpec(
     empty=(0.0, SLSTM_EMPTY_LOG_NORMALISER, 0.0),
     block_t=32,
     backward_block_t=32,
-    newton_work=4.0,
-    # 2.0 of the GRU's step when it took 0.25 us (see ParaLSTM's spec).
-    sequential_work=2.0 * 0.25 / 0.16,
-    sequential_bw_share=0.43,
+    newton_work=4.5,
+    sequential_work=1.94,
+    sequential_bw_share=0.55,
+    sequential_rows=(8, 4),
 )
 
 
@@ -122,8 +124,9 @@ def choose_fused_slstm_method(
     """Fused Newton or the fused sequential kernel for a ``[B, T, D]`` sLSTM layer.
 
     The GRU's model (:func:`~pararnn_kernels.fused.choose_fused_gru_method`) with the sLSTM's
-    factors: byte floor ``(4 + 3) · B·T·D · size / bandwidth``, the sequential step at 2.0 and
-    the Newton chunk step at 4.0 times the GRU's (fitted to the fused kernels' times on an H200,
+    factors: byte floor ``(4 + 3) · B·T·D · size / bandwidth``, the sequential step at 1.94 and
+    the Newton chunk step at 4.5 times the GRU's, 55 % of the copy bandwidth for the sequential
+    kernel when ``B·D`` fills the GPU (fitted to the fused kernels' times on an H200,
     docs/benchmarks.md).
     """
     return choose_method(SLSTM, batch, steps, channels, device, dtype)
