@@ -9,8 +9,10 @@ shape's line names the cost model's estimates and pick beside the measured times
     python3 benchmarks/bench_fused.py --out OUT/fused          # every sweep, five shapes
     python3 benchmarks/bench_fused.py --out OUT/fused --kinds --shapes 8x128x256 8x4096x256
                                                                # the default plans only
-    python3 benchmarks/bench_fused.py --out OUT/fused --kinds --block-cells lstm slstm
+    python3 benchmarks/bench_fused.py --out OUT/fused --kinds sequential --block-cells lstm slstm
                                        # also the block cells' sequential kernels over plans
+    python3 benchmarks/bench_fused.py --out OUT/fused --kinds --block-cells lstm slstm
+                                       # every cell's default Newton and sequential kernels
 """
 
 from __future__ import annotations
@@ -31,10 +33,15 @@ from pararnn_kernels.fused import (
     fused_gru_backward,
     fused_gru_newton,
     fused_gru_sequential,
+    fused_lstm_newton,
     fused_lstm_sequential,
+    fused_slstm_newton,
     fused_slstm_sequential,
     plan_fused_gru,
 )
+from pararnn_kernels.fused._layer import estimate_seconds
+from pararnn_kernels.fused.lstm import LSTM, choose_fused_lstm_method
+from pararnn_kernels.fused.slstm import SLSTM, choose_fused_slstm_method
 
 #: (block_t, block_d, num_warps) tried; at most 64 tile elements per thread.
 TILES = [
@@ -52,15 +59,17 @@ SEQUENTIAL_PLANS = [
     (16, 4, 1, 4),
     (64, 1, 2, 4),
 ]
-#: (block_d, rows, num_warps, vec) of the block cells' sequential kernels (None: the default).
+#: (block_d, rows, num_warps, vec) of the block cells' sequential kernels (their default is timed too).
 #: Whole tiles of 16 steps spill registers there (sm_90 compile), so 4-8 steps.
 BLOCK_SEQUENTIAL_PLANS = [
-    (None, None, None, None),
     (64, 4, 1, 2),
     (64, 8, 1, 2),
     (128, 8, 2, 2),
     (128, 4, 1, 4),
     (32, 8, 1, 1),
+    (64, 2, 1, 2),
+    (128, 8, 1, 4),
+    (256, 4, 2, 4),
 ]
 SHAPES = [(8, 1024, 256), (8, 4096, 256), (8, 16384, 256), (64, 4096, 1024), (1, 65536, 256)]
 
@@ -171,10 +180,11 @@ def bench_shape(
     return records
 
 
-def bench_block_sequential(
-    cell: str, batch: int, steps: int, channels: int, bandwidth: float
+def bench_block_cell(
+    cell: str, batch: int, steps: int, channels: int, bandwidth: float, sweep: bool
 ) -> list[dict[str, object]]:
-    """The sequential kernel of ParaLSTM or ParaSLSTM over BLOCK_SEQUENTIAL_PLANS at one shape."""
+    """ParaLSTM's or ParaSLSTM's default Newton and sequential kernels at one shape (and with
+    ``sweep`` the sequential kernel over BLOCK_SEQUENTIAL_PLANS), beside the cost model."""
     dev = torch.device("cuda")
     torch.manual_seed(0)
     gates, k = (3, 2) if cell == "lstm" else (4, 3)
@@ -186,15 +196,33 @@ def bench_block_sequential(
     weight_rows = (3, 2) if cell == "lstm" else (4,)
     weights = [0.25 * (2 * torch.rand(r, channels, device=dev) - 1) for r in weight_rows]
     run = fused_lstm_sequential if cell == "lstm" else fused_slstm_sequential
+    solve = fused_lstm_newton if cell == "lstm" else fused_slstm_newton
+    choose = choose_fused_lstm_method if cell == "lstm" else choose_fused_slstm_method
     floor_ms = (gates + k) * batch * steps * channels * 4 / bandwidth * 1e3
     reference = run(u, *weights)
-    records: list[dict[str, object]] = []
-    for bd, rows, warps, vec in BLOCK_SEQUENTIAL_PLANS:
+    seq_ms = triton.testing.do_bench(lambda: run(u, *weights))
+    result = solve(u, *weights)
+    newton_ms = triton.testing.do_bench(lambda: solve(u, *weights))
+    model = estimate_seconds(
+        LSTM if cell == "lstm" else SLSTM, batch, steps, channels, dev, torch.float32
+    )
+    print(
+        f"  {cell}: sequential {seq_ms:.3f} ms ({100 * floor_ms / seq_ms:.1f} % of the floor), "
+        f"Newton {newton_ms:.3f} ms ({seq_ms / newton_ms:.2f}x, iters {result.iters}, max diff "
+        f"{(result.states - reference).abs().max().item():.1e}); cost model: Newton "
+        f"{model['newton'] * 1e3:.3f} ms, sequential {model['sequential'] * 1e3:.3f} ms, picks "
+        f"{choose(batch, steps, channels, dev, torch.float32)}"
+    )
+    records: list[dict[str, object]] = [
+        dict(shape=[batch, steps, channels], kind=f"{cell}_sequential", default=True, ms=seq_ms),
+        dict(shape=[batch, steps, channels], kind=f"{cell}_newton", default=True, ms=newton_ms),
+    ]
+    for bd, rows, warps, vec in BLOCK_SEQUENTIAL_PLANS if sweep else []:
         plan = dict(block_d=bd, rows=rows, num_warps=warps, vec=vec)
         err = (run(u, *weights, **plan) - reference).abs().max().item()
         ms = triton.testing.do_bench(lambda plan=plan: run(u, *weights, **plan))
         print(
-            f"  {cell} sequential {bd or 'default'} x {rows or '-'} warps={warps} vec={vec}: "
+            f"  {cell} sequential {bd} x {rows} warps={warps} vec={vec}: "
             f"{ms:.3f} ms ({100 * floor_ms / ms:.1f} % of the floor, max diff {err:.1e})"
         )
         records.append(
@@ -229,7 +257,8 @@ def main() -> None:
         nargs="*",
         choices=("lstm", "slstm"),
         default=[],
-        help="also sweep these cells' sequential kernels over BLOCK_SEQUENTIAL_PLANS",
+        help="also time these cells' default kernels (and with --kinds sequential, their "
+        "sequential kernels over BLOCK_SEQUENTIAL_PLANS)",
     )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -239,7 +268,8 @@ def main() -> None:
     for batch, steps, channels in args.shapes:
         records += bench_shape(batch, steps, channels, bandwidth, args.quick, set(args.kinds))
         for cell in args.block_cells:
-            records += bench_block_sequential(cell, batch, steps, channels, bandwidth)
+            sweep = "sequential" in args.kinds
+            records += bench_block_cell(cell, batch, steps, channels, bandwidth, sweep)
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     payload = dict(date=stamp, bandwidth=bandwidth, records=records)
     (args.out / "results.json").write_text(json.dumps(payload, indent=1))
