@@ -274,14 +274,12 @@ def _stacked(weights: Sequence[Tensor]) -> Tensor:
 # through wrap_triton's higher-order op, refitted to 0.07 ms then, 0.05 ms on the Newton times
 # at T = 512-16384 of 2026-12-04 00:11 UTC, and 0.1 ms when the same kernels' times on another
 # host of the same GPU 3 hours later had an intercept of about 0.14 ms at the same 6.6 us per
-# chunk: the host's share, which varies); the sequential
-# kernel takes SEQUENTIAL_STEP_S per step per wave (refitted 2026-12-04 to the GRU kernel that
-# walks whole tiles per thread: 0.16 us, was 0.25 us) and reaches its CellSpec's
-# sequential_bw_share of the copy bandwidth when B·D fills the GPU. The block cells scale the two
-# times by their CellSpec work factors: Newton's fitted to pararnn-bench's recurrence-scope times
-# of their fused kernels at B = 8, d = 256, T = 1024-16384, the sequential ones (and their
-# bandwidth shares) to bench_fused.py's times of their tile plans (2026-12-04), on the same GPU
-# (docs/benchmarks.md).
+# chunk: the host's share, which varies); the sequential kernel takes SEQUENTIAL_STEP_S per step
+# per wave (refitted 2026-12-04 to the GRU kernel that walks whole tiles per thread: 0.16 us,
+# was 0.25 us) and reaches its CellSpec's sequential_bw_share of the copy bandwidth when B·D
+# fills the GPU. The block cells scale the two times by their CellSpec work factors, fitted with
+# their bandwidth shares to bench_fused.py's times of their default kernels at B = 8, d = 256,
+# T = 512-65536 and at B = 64, d = 1024 on the same GPU (2026-12-04, docs/benchmarks.md).
 NEWTON_CHUNK_S: Final = 6.5e-6
 NEWTON_FIXED_S: Final = 0.1e-3
 SEQUENTIAL_STEP_S: Final = 0.16e-6
