@@ -166,6 +166,14 @@ LOOKBACK_VARIANTS = [
     (64, 8, 128, 8, 4, 16),
     (128, 8, 64, 16, 2, 16),
     (32, 8, 128, 4, 4, 1),
+    # One warp and more steps or channels per thread (the one-warp 16 x 64 tile led the 2-byte
+    # rows of the 2026-12-03 sweep at B·D >= 2^12), with a window of 4: in an sm_90 compile
+    # 16 x 64 takes 128 registers with it and 168 with 16, and 32 x 64 or 16 x 128 spill with
+    # 16 but not with 4 (220-254 registers).
+    (32, 32, 64, 1, 2, 4),
+    (16, 16, 64, 1, 2, 4),
+    (16, 16, 128, 1, 4, 4),
+    (32, 16, 64, 2, 2, 4),
 ]
 # (block_t, block_d, num_warps, vec) of the chunked single pass.
 CHUNKED_VARIANTS = [
