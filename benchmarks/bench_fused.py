@@ -29,7 +29,11 @@ from pararnn_examples.bench import parse_shape
 from pararnn_kernels.fused import (
     FusedPlan,
     choose_fused_gru_method,
+    choose_fused_lstm_method,
+    choose_fused_slstm_method,
     estimate_fused_gru_seconds,
+    estimate_fused_lstm_seconds,
+    estimate_fused_slstm_seconds,
     fused_gru_backward,
     fused_gru_newton,
     fused_gru_sequential,
@@ -39,9 +43,6 @@ from pararnn_kernels.fused import (
     fused_slstm_sequential,
     plan_fused_gru,
 )
-from pararnn_kernels.fused._layer import estimate_seconds
-from pararnn_kernels.fused.lstm import LSTM, choose_fused_lstm_method
-from pararnn_kernels.fused.slstm import SLSTM, choose_fused_slstm_method
 
 #: (block_t, block_d, num_warps) tried; at most 64 tile elements per thread.
 TILES = [
@@ -203,9 +204,8 @@ def bench_block_cell(
     seq_ms = triton.testing.do_bench(lambda: run(u, *weights))
     result = solve(u, *weights)
     newton_ms = triton.testing.do_bench(lambda: solve(u, *weights))
-    model = estimate_seconds(
-        LSTM if cell == "lstm" else SLSTM, batch, steps, channels, dev, torch.float32
-    )
+    estimate = estimate_fused_lstm_seconds if cell == "lstm" else estimate_fused_slstm_seconds
+    model = estimate(batch, steps, channels, dev, torch.float32)
     print(
         f"  {cell}: sequential {seq_ms:.3f} ms ({100 * floor_ms / seq_ms:.1f} % of the floor), "
         f"Newton {newton_ms:.3f} ms ({seq_ms / newton_ms:.2f}x, iters {result.iters}, max diff "

@@ -27,6 +27,8 @@ from pararnn_kernels.fused import (
     FusedPlan,
     choose_fused_lstm_method,
     choose_fused_slstm_method,
+    estimate_fused_lstm_seconds,
+    estimate_fused_slstm_seconds,
     fused_lstm_backward,
     fused_lstm_newton,
     fused_lstm_sequential,
@@ -60,6 +62,7 @@ class BlockCell:
     reference: Callable[..., Tensor]
     plan: Callable[..., FusedPlan]
     choose: Callable[..., str]
+    estimate: Callable[..., dict[str, float]]
     empty: tuple[float, ...]
 
     def layer(self, batch: int, steps: int, channels: int, device: str):
@@ -98,6 +101,7 @@ LSTM = BlockCell(
     reference_lstm_sequential,
     plan_fused_lstm,
     choose_fused_lstm_method,
+    estimate_fused_lstm_seconds,
     (0.0, 0.0),
 )
 SLSTM = BlockCell(
@@ -111,6 +115,7 @@ SLSTM = BlockCell(
     reference_slstm_sequential,
     plan_fused_slstm,
     choose_fused_slstm_method,
+    estimate_fused_slstm_seconds,
     (0.0, SLSTM_EMPTY_LOG_NORMALISER, 0.0),
 )
 CELLS = [pytest.param(LSTM, id="lstm"), pytest.param(SLSTM, id="slstm")]
@@ -326,6 +331,13 @@ def test_block_plans_and_cost_models_are_sane(cell, monkeypatch):
     assert cell.choose(8, 512, 256, cpu, torch.float32) == "sequential"
     assert cell.choose(64, 4096, 1024, cpu, torch.float32) == "sequential"
     assert cell.choose(4, 1, 16, cpu, torch.float32) == "sequential"
+    # The pick is the smaller estimate, and the estimates grow with T.
+    for shape in [(8, 512, 256), (8, 4096, 256), (64, 4096, 1024)]:
+        estimate = cell.estimate(*shape, cpu, torch.float32)
+        assert set(estimate) == {"newton", "sequential"}
+        assert cell.choose(*shape, cpu, torch.float32) == min(estimate, key=estimate.__getitem__)
+    short, long = (cell.estimate(8, t, 256, cpu, torch.float32) for t in (1024, 4096))
+    assert all(0 < short[k] < long[k] for k in short)
 
 
 CUDA_SHAPES = [(8, 4096, 256), (8, 16384, 256), (1, 65536, 256), (3, 17, 250), (2, 1, 7)]

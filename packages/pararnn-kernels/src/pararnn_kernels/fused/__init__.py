@@ -18,6 +18,7 @@ from .gru import (
 )
 from .lstm import (
     choose_fused_lstm_method,
+    estimate_fused_lstm_seconds,
     fused_lstm_backward,
     fused_lstm_newton,
     fused_lstm_sequential,
@@ -27,6 +28,7 @@ from .lstm import (
 from .slstm import (
     SLSTM_EMPTY_LOG_NORMALISER,
     choose_fused_slstm_method,
+    estimate_fused_slstm_seconds,
     fused_slstm_backward,
     fused_slstm_newton,
     fused_slstm_sequential,
@@ -44,6 +46,8 @@ __all__ = [
     "choose_fused_lstm_method",
     "choose_fused_slstm_method",
     "estimate_fused_gru_seconds",
+    "estimate_fused_lstm_seconds",
+    "estimate_fused_slstm_seconds",
     "fused_gru_backward",
     "fused_gru_newton",
     "fused_gru_sequential",

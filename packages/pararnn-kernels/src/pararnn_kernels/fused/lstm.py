@@ -26,6 +26,7 @@ from ._layer import (
     FusedPlan,
     backward,
     choose_method,
+    estimate_seconds,
     newton,
     plan_fused,
     reference_sequential,
@@ -34,6 +35,7 @@ from ._layer import (
 
 __all__ = [
     "choose_fused_lstm_method",
+    "estimate_fused_lstm_seconds",
     "fused_lstm_backward",
     "fused_lstm_newton",
     "fused_lstm_sequential",
@@ -118,6 +120,13 @@ def choose_fused_lstm_method(
     (fitted to the fused kernels' times on an H200, docs/benchmarks.md).
     """
     return choose_method(LSTM, batch, steps, channels, device, dtype)
+
+
+def estimate_fused_lstm_seconds(
+    batch: int, steps: int, channels: int, device: torch.device, dtype: torch.dtype
+) -> dict[str, float]:
+    """The cost model's forward time of each fused LSTM kernel, ``{"newton": s, "sequential": s}``."""
+    return estimate_seconds(LSTM, batch, steps, channels, device, dtype)
 
 
 def fused_lstm_newton(

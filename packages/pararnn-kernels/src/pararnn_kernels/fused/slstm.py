@@ -29,6 +29,7 @@ from ._layer import (
     FusedPlan,
     backward,
     choose_method,
+    estimate_seconds,
     newton,
     plan_fused,
     reference_sequential,
@@ -38,6 +39,7 @@ from ._layer import (
 __all__ = [
     "SLSTM_EMPTY_LOG_NORMALISER",
     "choose_fused_slstm_method",
+    "estimate_fused_slstm_seconds",
     "fused_slstm_backward",
     "fused_slstm_newton",
     "fused_slstm_sequential",
@@ -130,6 +132,13 @@ def choose_fused_slstm_method(
     docs/benchmarks.md).
     """
     return choose_method(SLSTM, batch, steps, channels, device, dtype)
+
+
+def estimate_fused_slstm_seconds(
+    batch: int, steps: int, channels: int, device: torch.device, dtype: torch.dtype
+) -> dict[str, float]:
+    """The cost model's forward time of each fused sLSTM kernel, ``{"newton": s, "sequential": s}``."""
+    return estimate_seconds(SLSTM, batch, steps, channels, device, dtype)
 
 
 def fused_slstm_newton(
