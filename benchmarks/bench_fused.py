@@ -60,7 +60,8 @@ SEQUENTIAL_PLANS = [
     (16, 4, 1, 4),
     (64, 1, 2, 4),
 ]
-#: (block_d, rows, num_warps, vec) of the block cells' sequential kernels (their default is timed too).
+#: (block_d, rows, num_warps, vec) of the block cells' sequential kernels (the default is
+#: timed besides).
 #: Whole tiles of 16 steps spill registers there (sm_90 compile), so 4-8 steps.
 BLOCK_SEQUENTIAL_PLANS = [
     (64, 4, 1, 2),

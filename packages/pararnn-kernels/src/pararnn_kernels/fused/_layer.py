@@ -269,17 +269,17 @@ def _stacked(weights: Sequence[Tensor]) -> Tensor:
 
 # Cost-model constants, measured on an H200 in float32 on the GRU kernels with
 # benchmarks/bench_fused.py (docs/benchmarks.md has the sweep): a Newton chunk of 128 steps takes
-# about NEWTON_CHUNK_S per wave of resident programs, plus NEWTON_FIXED_S per call (the host
-# work around the launch and the stats read-back; 0.35 ms until the launches stopped going
-# through wrap_triton's higher-order op, refitted to 0.07 ms then, 0.05 ms on the Newton times
-# at T = 512-16384 of 2026-12-04 00:11 UTC, and 0.1 ms when the same kernels' times on another
-# host of the same GPU 3 hours later had an intercept of about 0.14 ms at the same 6.6 us per
-# chunk: the host's share, which varies); the sequential kernel takes SEQUENTIAL_STEP_S per step
-# per wave (refitted 2026-12-04 to the GRU kernel that walks whole tiles per thread: 0.16 us,
-# was 0.25 us) and reaches its CellSpec's sequential_bw_share of the copy bandwidth when B·D
-# fills the GPU. The block cells scale the two times by their CellSpec work factors, fitted with
-# their bandwidth shares to bench_fused.py's times of their default kernels at B = 8, d = 256,
-# T = 512-65536 and at B = 64, d = 1024 on the same GPU (2026-12-04, docs/benchmarks.md).
+# about NEWTON_CHUNK_S per wave of resident programs, plus NEWTON_FIXED_S per call (the host work
+# around the launch and the stats read-back; 0.35 ms until the launches stopped going through
+# wrap_triton's higher-order op, refitted to 0.07 ms then, 0.05 ms on the Newton times at T =
+# 512-16384 of 2026-12-04 00:11 UTC, and 0.1 ms when the same kernels' times on the next session's
+# machine, 3 hours later, had an intercept of about 0.14 ms at the same 6.6 us per chunk: most
+# likely the host's share, which varies); the sequential kernel takes SEQUENTIAL_STEP_S per step
+# per wave (refitted 2026-12-04 to the GRU kernel that walks whole tiles per thread: 0.16 us, was
+# 0.25 us) and reaches its CellSpec's sequential_bw_share of the copy bandwidth when B·D fills the
+# GPU. The block cells scale the two times by their CellSpec work factors, fitted with their
+# bandwidth shares to bench_fused.py's times of their default kernels at B = 8, d = 256, T =
+# 512-65536 and at B = 64, d = 1024 on the same GPU (2026-12-04, docs/benchmarks.md).
 NEWTON_CHUNK_S: Final = 6.5e-6
 NEWTON_FIXED_S: Final = 0.1e-3
 SEQUENTIAL_STEP_S: Final = 0.16e-6

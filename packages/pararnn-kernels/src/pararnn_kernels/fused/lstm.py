@@ -125,7 +125,8 @@ def choose_fused_lstm_method(
 def estimate_fused_lstm_seconds(
     batch: int, steps: int, channels: int, device: torch.device, dtype: torch.dtype
 ) -> dict[str, float]:
-    """The cost model's forward time of each fused LSTM kernel, ``{"newton": s, "sequential": s}``."""
+    """The cost model's forward times of the fused LSTM kernels: ``{"newton": s,
+    "sequential": s}`` (:func:`choose_fused_lstm_method` picks the smaller)."""
     return estimate_seconds(LSTM, batch, steps, channels, device, dtype)
 
 

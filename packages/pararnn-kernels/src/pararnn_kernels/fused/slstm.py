@@ -137,7 +137,8 @@ def choose_fused_slstm_method(
 def estimate_fused_slstm_seconds(
     batch: int, steps: int, channels: int, device: torch.device, dtype: torch.dtype
 ) -> dict[str, float]:
-    """The cost model's forward time of each fused sLSTM kernel, ``{"newton": s, "sequential": s}``."""
+    """The cost model's forward times of the fused sLSTM kernels: ``{"newton": s,
+    "sequential": s}`` (:func:`choose_fused_slstm_method` picks the smaller)."""
     return estimate_seconds(SLSTM, batch, steps, channels, device, dtype)
 
 
