@@ -174,6 +174,14 @@ LOOKBACK_VARIANTS = [
     (16, 16, 64, 1, 2, 4),
     (16, 16, 128, 1, 4, 4),
     (32, 16, 64, 2, 2, 4),
+    # Warps along the channels (block_d = 64 per warp, one group): every warp scans whole
+    # columns, nothing crosses warps but the look-back's scalar flags, and a tile moves 2-4x
+    # the bytes of the one-warp tiles per chain (same registers per thread: 128 at 16 steps,
+    # 236-254 at 32, no spills in an sm_90 compile).
+    (32, 32, 256, 4, 2, 4),
+    (16, 16, 256, 4, 2, 4),
+    (32, 32, 128, 2, 2, 4),
+    (16, 16, 128, 2, 2, 4),
 ]
 # (block_t, block_d, num_warps, vec) of the chunked single pass.
 CHUNKED_VARIANTS = [
