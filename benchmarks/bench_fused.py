@@ -266,10 +266,10 @@ def main() -> None:
     bandwidth = copy_bandwidth()
     print(f"copy bandwidth {bandwidth / 1e9:.0f} GB/s")
     records: list[dict[str, object]] = []
+    sweep = "sequential" in args.kinds
     for batch, steps, channels in args.shapes:
         records += bench_shape(batch, steps, channels, bandwidth, args.quick, set(args.kinds))
         for cell in args.block_cells:
-            sweep = "sequential" in args.kinds
             records += bench_block_cell(cell, batch, steps, channels, bandwidth, sweep)
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     payload = dict(date=stamp, bandwidth=bandwidth, records=records)

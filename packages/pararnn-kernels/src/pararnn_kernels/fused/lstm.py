@@ -234,9 +234,9 @@ def fused_lstm_sequential(
 ) -> Tensor:
     """The ParaLSTM recurrence one step at a time in one kernel: ``u [B, T, 3D]`` ->
     ``[B, T, D, 2]``; the plan arguments as in
-    :func:`~pararnn_kernels.fused.fused_gru_sequential`. Default plan: one step per tile, 16
-    channels (64 from ``B·D >= 2^15``), the one measured for this kernel; whole tiles per
-    thread, which made the GRU's 1.5-2.2x faster, are not yet measured here."""
+    :func:`~pararnn_kernels.fused.fused_gru_sequential`. Default plan: 64 channels, 8 steps
+    per tile, one warp, 2 channels per thread, the fastest measured for this kernel
+    (docs/benchmarks.md)."""
     return sequential(
         LSTM,
         u,

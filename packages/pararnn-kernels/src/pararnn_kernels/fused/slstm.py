@@ -240,8 +240,10 @@ def fused_slstm_sequential(
     vec: int | None = None,
 ) -> Tensor:
     """The ParaSLSTM recurrence one step at a time in one kernel: ``u [B, T, 4D]`` ->
-    ``[B, T, D, 3]``; the plan arguments and the default plan as in
-    :func:`~pararnn_kernels.fused.fused_lstm_sequential`."""
+    ``[B, T, D, 3]``; the plan arguments as in
+    :func:`~pararnn_kernels.fused.fused_gru_sequential`. Default plan: 64 channels, one warp,
+    2 channels per thread, 8 steps per tile while ``B·D < 2^15`` and 4 from there, the fastest
+    measured for this kernel (docs/benchmarks.md)."""
     return sequential(
         SLSTM,
         u,
