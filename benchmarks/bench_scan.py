@@ -90,13 +90,11 @@ def run_grid(
                 continue
             jac, rhs = random_inputs(b, t, d, dtype, device)
             nbytes = 3 * jac.numel() * jac.element_size()
-            chosen = launch.plan_scan_diag(b, t, d, device, element_size=jac.element_size())
+            chosen = launch.plan_scan_diag(b, t, d, device, dtype=jac.dtype)
             for reverse in (False, True):
                 for method in ("plan", *args.grid_methods):
                     kw = {} if method == "plan" else {"method": method}
-                    plan = launch.plan_scan_diag(
-                        b, t, d, device, element_size=jac.element_size(), **kw
-                    )
+                    plan = launch.plan_scan_diag(b, t, d, device, dtype=jac.dtype, **kw)
                     fn = functools.partial(
                         launch.triton_scan_diag, jac, rhs, None, reverse=reverse, **kw
                     )
@@ -183,6 +181,19 @@ LOOKBACK_VARIANTS = [
     (32, 32, 128, 2, 2, 4),
     (16, 16, 128, 2, 2, 4),
 ]
+# The same fields, run with `rescan`: the tile's inputs held in their storage dtype across the
+# look-back and scanned again from the incoming state (in an sm_90 compile of the 2-byte forward,
+# 96 registers at 16 x 64 against 128, 159 at 32 x 64 against 239, and 64 x 64 fits in 254).
+RESCAN_VARIANTS = [
+    (16, 16, 64, 1, 2, 4),
+    (32, 32, 64, 1, 2, 4),
+    (32, 32, 128, 2, 2, 4),
+    (64, 64, 64, 1, 2, 4),
+    (64, 64, 128, 2, 2, 4),
+    (64, 32, 64, 2, 2, 4),
+    (32, 16, 64, 2, 2, 16),
+    (64, 32, 128, 4, 2, 4),
+]
 # (block_t, block_d, num_warps, vec) of the chunked single pass.
 CHUNKED_VARIANTS = [
     (8, 64, 1, 2),
@@ -222,6 +233,19 @@ def sweep_variants(methods: tuple[str, ...]) -> list[dict[str, Any]]:
             }
             for bt, r, bd, w, v, win in LOOKBACK_VARIANTS
         ]
+        variants += [
+            {
+                "method": "lookback",
+                "block_t": bt,
+                "rows": r,
+                "block_d": bd,
+                "num_warps": w,
+                "vec": v,
+                "window": win,
+                "rescan": True,
+            }
+            for bt, r, bd, w, v, win in RESCAN_VARIANTS
+        ]
     if "tiles" in methods:
         variants += [
             {"method": "tiles", "block_t": bt, "block_d": bd, "num_warps": w}
@@ -235,11 +259,12 @@ def run_sweep(
     copy_bw: float,
     methods: tuple[str, ...],
     cases: list[tuple[int, int, int]],
+    dtypes: tuple[str, ...] = ("fp32", "bf16"),
 ) -> list[dict[str, Any]]:
     """Time launch plans of the Triton kernels (forward and adjoint) at representative shapes."""
     rows: list[dict[str, Any]] = []
     for b, t, d in cases:
-        for dtype_name in ("fp32", "bf16"):
+        for dtype_name in dtypes:
             jac, rhs = random_inputs(b, t, d, DTYPES[dtype_name], device)
             nbytes = 3 * jac.numel() * jac.element_size()
             for kw in sweep_variants(methods):
@@ -255,7 +280,7 @@ def run_sweep(
                 )
                 ms_bwd = median_ms(bwd)
                 bw_bwd = 5 / 3 * nbytes / (ms_bwd * 1e-3)
-                plan = launch.plan_scan_diag(b, t, d, device, element_size=jac.element_size(), **kw)
+                plan = launch.plan_scan_diag(b, t, d, device, dtype=jac.dtype, **kw)
                 rows.append(
                     {
                         "dtype": dtype_name,
@@ -327,6 +352,13 @@ def main() -> None:
         metavar="B,T,D",
         help="shapes --sweep times",
     )
+    parser.add_argument(
+        "--sweep-dtypes",
+        nargs="+",
+        choices=("fp32", "bf16"),
+        default=["fp32", "bf16"],
+        help="storage dtypes --sweep times",
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_scan.py needs a CUDA GPU")
@@ -343,7 +375,13 @@ def main() -> None:
     meta["copy_GBps"] = copy_bw / 1e9
     print(json.dumps(meta), flush=True)
     if args.sweep:
-        rows = run_sweep(device, copy_bw, tuple(args.sweep_methods), args.sweep_shapes)
+        rows = run_sweep(
+            device,
+            copy_bw,
+            tuple(args.sweep_methods),
+            args.sweep_shapes,
+            tuple(args.sweep_dtypes),
+        )
         write_csv(args.out / "sweep.csv", rows)
     if args.no_grid:
         return

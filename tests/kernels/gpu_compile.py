@@ -206,8 +206,7 @@ def _scan_diag_launches(rec: _Recorder) -> None:
 
     cpu = torch.device("cpu")
     for dtype in (torch.float32, torch.bfloat16):
-        size = torch.empty((), dtype=dtype).element_size()
-        default = launch.plan_scan_diag(2, 1024, 128, cpu, element_size=size).method
+        default = launch.plan_scan_diag(2, 1024, 128, cpu, dtype=dtype).method
         for method in ("tiles", "lookback", "chunked"):
             cases = SCAN_CASES if method == default else SCAN_CASES_H0
             run(dtype, cases, (2, 1024, 128), method=method)

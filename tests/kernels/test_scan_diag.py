@@ -111,6 +111,17 @@ PLANS_SMALL: list[dict[str, object]] = [
     {"method": "tiles", "block_t": 4, "block_d": 8, "inclusive_every": 4},
     {"method": "tiles", "block_t": 8, "block_d": 4, "inclusive_every": 1000, "window": 16},
     {"method": "tiles", "block_t": 4, "block_d": 8, "inclusive_every": 8, "window": 2},
+    # Rescanned tiles (the inputs held while the tile looks back, scanned again from the
+    # entering state): one group, several groups with forced walks.
+    {"method": "lookback", "block_t": 16, "rows": 16, "block_d": 8, "rescan": True},
+    {
+        "method": "lookback",
+        "block_t": 8,
+        "rows": 2,
+        "block_d": 4,
+        "rescan": True,
+        "inclusive_every": 4,
+    },
 ]
 PLANS_GPU: list[dict[str, object]] = [
     *PLANS_SMALL,
@@ -122,6 +133,8 @@ PLANS_GPU: list[dict[str, object]] = [
     {"method": "lookback", "block_t": 64, "rows": 16, "block_d": 128, "vec": 4},
     {"method": "lookback", "block_t": 256, "rows": 8, "block_d": 64, "num_warps": 8},
     {"method": "lookback", "block_t": 128, "rows": 4, "block_d": 32},
+    {"method": "lookback", "block_t": 64, "rows": 64, "block_d": 64, "rescan": True},
+    {"method": "lookback", "block_t": 64, "rows": 32, "block_d": 128, "rescan": True},
     {"method": "tiles"},
     {"method": "tiles", "block_t": 256, "block_d": 64, "num_warps": 8},
     {"method": "tiles", "block_t": 64, "block_d": 32, "num_warps": 2},
@@ -174,31 +187,37 @@ def test_lookback_window_is_checked() -> None:
             launch.plan_scan_diag(2, 64, 8, torch.device("cpu"), window=window)
     cpu = torch.device("cpu")
     assert launch.plan_scan_diag(2, 64, 8, cpu, window=1).window == 1
-    # Defaults: the tiles kernel walks one tile per round trip, the per-thread-runs kernel 16.
-    assert launch.plan_scan_diag(2, 64, 16, cpu, element_size=4).window == 1
-    assert launch.plan_scan_diag(2, 64, 16, cpu, element_size=2).window == launch.LOOKBACK_WINDOW
+    # Defaults: the tiles kernel walks one tile per round trip, the per-thread-runs kernel's
+    # short tiles 16 tiles, its tiles of 32 or 64 steps per thread 4.
+    assert launch.plan_scan_diag(2, 64, 16, cpu, method="tiles").window == 1
+    assert launch.plan_scan_diag(2, 64, 16, cpu).window == launch.LOOKBACK_WINDOW
+    assert launch.plan_scan_diag(2, 64, 16, cpu, dtype=torch.bfloat16).window == 4
 
 
 def test_default_method_follows_channel_blocks_and_storage() -> None:
     """Enough 64-channel blocks for CHUNKED_WAVES programs per multiprocessor (4 for the CPU
     interpreter): the chunked pass, 16-step chunks on aligned channels, 8 otherwise; fewer:
-    the tiles kernel for 4-byte storage, the per-thread-runs kernel for 2-byte storage."""
+    the tiles kernel for 4-byte storage with FEW_CHANNELS channels or more, the per-thread-runs
+    kernel otherwise."""
     cpu = torch.device("cpu")
     enough = launch.CHUNKED_WAVES * multiprocessor_count(cpu)
     aligned = launch.ALIGNED_CHANNELS
-    for batch, channels, element_size, method, block_t in [
-        (enough, 64, 4, "chunked", 16),
-        (enough, 64, 2, "chunked", 16),
-        (1, 64 * enough, 2, "chunked", 16),
-        (enough, 50, 4, "chunked", 8),
-        (enough, aligned * 4 + 8, 2, "chunked", 8),
-        (enough - 1, 64, 4, "tiles", 64),
-        (enough - 1, 64, 2, "lookback", 32),
-        (1, 64 * (enough - 1), 4, "tiles", 64),
-        (3, 50, 2, "lookback", 32),
-        (3, 50, 4, "tiles", 64),
+    few = launch.FEW_CHANNELS
+    assert few > 64 * enough  # the CPU's chunked threshold comes first
+    fp32, bf16 = torch.float32, torch.bfloat16
+    for batch, channels, dtype, method, block_t in [
+        (enough, 64, fp32, "chunked", 16),
+        (enough, 64, bf16, "chunked", 16),
+        (1, 64 * enough, bf16, "chunked", 16),
+        (enough, 50, fp32, "chunked", 8),
+        (enough, aligned * 4 + 8, bf16, "chunked", 8),
+        (enough - 1, 64, fp32, "lookback", 32),
+        (enough - 1, 64, bf16, "lookback", 64),
+        (1, 64 * (enough - 1), fp32, "lookback", 32),
+        (3, 50, bf16, "lookback", 64),
+        (3, 50, fp32, "lookback", 32),
     ]:
-        plan = launch.plan_scan_diag(batch, 1000, channels, cpu, element_size=element_size)
+        plan = launch.plan_scan_diag(batch, 1000, channels, cpu, dtype=dtype)
         assert (plan.method, plan.block_t) == (method, block_t), (batch, channels, plan)
     # An explicit method wins.
     assert launch.plan_scan_diag(enough, 1000, 64, cpu, method="tiles").method == "tiles"
@@ -206,6 +225,39 @@ def test_default_method_follows_channel_blocks_and_storage() -> None:
         ValueError, match="vec must be a power of two from 1 to block_d = 64, got 3"
     ):
         launch.plan_scan_diag(enough, 1000, 64, cpu, vec=3)
+
+
+def test_look_back_tiles_follow_storage_direction_and_channels() -> None:
+    """With too few channel blocks for the chunked pass (a device of many multiprocessors):
+    fp32 with FEW_CHANNELS channels or more takes the tiles kernel, with fewer the short
+    look-back tiles; bf16 takes the rescanned 64-step tiles except for its adjoint with many
+    channels, which (as fp16 always) takes the 32 x 128 tiles."""
+    cpu = torch.device("cpu")
+    few = launch.FEW_CHANNELS
+
+    def plan(batch: int, channels: int, dtype: torch.dtype, adjoint: bool) -> tuple[object, ...]:
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(launch, "multiprocessor_count", lambda device: 10**6)
+            p = launch.plan_scan_diag(batch, 4096, channels, cpu, dtype=dtype, adjoint=adjoint)
+        return (p.method, p.block_t, p.rows, p.block_d, p.num_warps, p.window, p.rescan)
+
+    tiles = ("tiles", 64, 1, 64, 4, 1, False)
+    short = ("lookback", 32, 16, 64, 2, launch.LOOKBACK_WINDOW, False)
+    wide = ("lookback", 32, 32, 128, 2, 4, False)
+    rescan = ("lookback", 64, 64, 64, 1, 4, True)
+    for adjoint in (False, True):
+        assert plan(few // 512, 512, torch.float32, adjoint) == tiles
+        assert plan(few // 512 - 1, 512, torch.float32, adjoint) == short
+        assert plan(1, 256, torch.bfloat16, adjoint) == rescan
+        assert plan(few // 512, 512, torch.float16, adjoint) == wide
+    assert plan(few // 512, 512, torch.bfloat16, False) == rescan
+    assert plan(few // 512, 512, torch.bfloat16, True) == wide
+    # Fewer channels than a tile: the tile narrows, and so do its warps.
+    assert plan(1, 48, torch.float16, False)[3:5] == (64, 1)
+    # Rows follow a shorter forced tile; an explicit rescan wins.
+    with_rows = launch.plan_scan_diag(1, 99, 8, cpu, dtype=torch.bfloat16, block_t=16)
+    assert (with_rows.block_t, with_rows.rows) == (16, 16)
+    assert not launch.plan_scan_diag(1, 99, 8, cpu, dtype=torch.bfloat16, rescan=False).rescan
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
@@ -270,15 +322,26 @@ def test_gradcheck_float64() -> None:
 @pytest.mark.cuda
 @needs_cuda
 @pytest.mark.parametrize(
-    ("batch", "steps", "channels"),
-    [(1, 2**20, 3), (2, 2**16, 300), (8, 4096, 256), (1, 65537, 64), (64, 2048, 1024)],
+    ("batch", "steps", "channels", "dtype"),
+    [
+        *(
+            (*shape, torch.float32)
+            for shape in [(1, 2**20, 3), (2, 2**16, 300), (8, 4096, 256), (1, 65537, 64)]
+        ),
+        (64, 2048, 1024, torch.float32),
+        # bf16's rescanned tiles (forward; adjoint with few channels) and its wide adjoint tiles.
+        (1, 2**20, 3, torch.bfloat16),
+        (2, 2**16, 300, torch.bfloat16),
+        (8, 4096, 1536, torch.bfloat16),
+    ],
 )
-def test_long_sequences_on_gpu(batch: int, steps: int, channels: int, poisoned: None) -> None:
+def test_long_sequences_on_gpu(
+    batch: int, steps: int, channels: int, dtype: torch.dtype, poisoned: None
+) -> None:
     """Default launch plans (single pass and multi-block along T) up to T = 2^20."""
-    jac, rhs, h0 = make_inputs(
-        batch, steps, channels, dtype=torch.float32, device="cuda", with_h0=True
-    )
+    jac, rhs, h0 = make_inputs(batch, steps, channels, dtype=dtype, device="cuda", with_h0=True)
     grad_y = torch.randn_like(rhs)
+    forward_tol, grad_tol = FORWARD_TOL[dtype], GRAD_TOL[dtype]
     for reverse in (False, True):
         # The float64 log-depth reference, itself checked against the loop at T <= 1000 above.
         ref_y = reference_scan_diag(
@@ -286,7 +349,7 @@ def test_long_sequences_on_gpu(batch: int, steps: int, channels: int, poisoned: 
         )
         leaves = [t.clone().requires_grad_() for t in (jac, rhs)]
         y = scan_diag(leaves[0], leaves[1], h0, reverse=reverse, backend="triton")
-        assert_close(y, ref_y, tol=1e-5, name=f"y T={steps}")
+        assert_close(y, ref_y, tol=forward_tol, name=f"y T={steps}")
         y.backward(grad_y)
         ref_gj, ref_gr, _ = reference_scan_diag_backward(
             jac.double(),
@@ -295,8 +358,8 @@ def test_long_sequences_on_gpu(batch: int, steps: int, channels: int, poisoned: 
             grad_y.double(),
             reverse=reverse,
         )
-        assert_close(leaves[0].grad, ref_gj, tol=1e-5, name=f"grad jac T={steps}")
-        assert_close(leaves[1].grad, ref_gr, tol=1e-5, name=f"grad rhs T={steps}")
+        assert_close(leaves[0].grad, ref_gj, tol=grad_tol, name=f"grad jac T={steps}")
+        assert_close(leaves[1].grad, ref_gr, tol=grad_tol, name=f"grad rhs T={steps}")
 
 
 @pytest.mark.cuda

@@ -199,6 +199,17 @@ def scan_diag_kernel(
 
 
 @triton.jit
+def _widen_once(x):
+    """``x`` as float32, bf16 by its bit pattern: an expression the compiler does not merge with
+    the plain conversion of the same loaded values later on, which would keep this float32 copy
+    live in registers until then (scan_diag_lookback_kernel's RESCAN)."""
+    if x.dtype == tl.bfloat16:
+        return (x.to(tl.int16, bitcast=True).to(tl.int32) << 16).to(tl.float32, bitcast=True)
+    else:
+        return x.to(tl.float32)
+
+
+@triton.jit
 def _publish(flags, tile, state: tl.constexpr):
     """Set ``tile``'s state bits (1: monoid published, 2: inclusive state published)."""
     bits = tl.full([], state, dtype=tl.int32) << (2 * (tile % 16))
@@ -291,6 +302,7 @@ def scan_diag_lookback_kernel(
     INCLUSIVE_EVERY: tl.constexpr,
     WINDOW: tl.constexpr,
     VEC: tl.constexpr,
+    RESCAN: tl.constexpr,
 ):
     """Grid (n_tiles * B * n_cols_d,): one program per tile, handed out in ticket order.
 
@@ -300,6 +312,9 @@ def scan_diag_lookback_kernel(
     agg_a_ptr, agg_b_ptr, incl_ptr: ``[B * n_cols_d, n_tiles, BLOCK_D]`` float32 (any contents);
     flag_ptr: ``[B * n_cols_d, cdiv(n_tiles, 16)]`` int32 zeros, two state bits per tile (tile j
     in word j // 16, bits 2 (j % 16) and up); ticket_ptr: one int32 zero.
+    RESCAN: hold the tile's inputs in their storage dtype across the look-back and scan them a
+    second time from the entering states (instead of holding the float32 scan): half the
+    registers per element for 2-byte storage, so a thread can hold twice the steps.
     """
     ticket = tl.atomic_add(ticket_ptr, 1)
     n_cols = tl.num_programs(0) // n_tiles
@@ -330,11 +345,15 @@ def scan_diag_lookback_kernel(
     p = p0 + rows
     valid = rows < T - p0
     mask = valid & (d3 < D)
-    b = tl.load(rhs_ptr + base + rel, mask=mask, other=0.0).to(tl.float32)
+    b_in = tl.load(rhs_ptr + base + rel, mask=mask, other=0.0)
     # SHIFT (the adjoint): the multiplier at position p is jac at position p - 1.
-    a = tl.load(jac_ptr + (base - SHIFT * step * D) + rel, mask=mask & (p >= SHIFT), other=0.0).to(
-        tl.float32
-    )
+    a_in = tl.load(jac_ptr + (base - SHIFT * step * D) + rel, mask=mask & (p >= SHIFT), other=0.0)
+    if RESCAN:
+        a = _widen_once(a_in)
+        b = _widen_once(b_in)
+    else:
+        a = a_in.to(tl.float32)
+        b = b_in.to(tl.float32)
     a = tl.where(valid, a, 1.0)
 
     # Each group's run scanned inside the thread, then the group totals across warps.
@@ -376,7 +395,14 @@ def scan_diag_lookback_kernel(
     before = tl.maximum(groups - 1, 0)[:, None] + tl.zeros([GROUPS, BLOCK_D], dtype=tl.int32)
     entering = tl.gather(after, before, 0)
     entering = tl.where((groups == 0)[:, None], carry[None, :], entering)
-    y = acc + prod * entering[None, :, :]
+    if RESCAN:
+        # Each group's first step takes its entering state; the padded rows past T (multiplier
+        # 0 here) come after every valid row, so they change nothing that is stored.
+        a = a_in.to(tl.float32)
+        b = b_in.to(tl.float32) + tl.where(r3 == 0, a * entering[None, :, :], 0.0)
+        _, y = tl.associative_scan((a, b), 0, _combine_diag)
+    else:
+        y = acc + prod * entering[None, :, :]
     tl.store(out_ptr + base + rel, y.to(out_ptr.dtype.element_ty), mask=mask)
     if GRAD_JAC:
         # The state the original recurrence consumed: its output one position later, h0 past

@@ -1,18 +1,18 @@
 """Typed launchers of the Triton scan kernels, and the launch plan that picks among them.
 
-The diagonal scan has three launch shapes; :func:`plan_scan_diag` picks one from the storage
-size:
+The diagonal scan has three launch shapes; :func:`plan_scan_diag` picks one from the number of
+channels, the storage dtype and the direction:
 
+* ``"chunked"`` -- one program per (batch, block of channels) walks the whole sequence, each
+  thread scanning whole columns sequentially; the fastest wherever B·D alone fills the GPU.
 * ``"tiles"`` -- one program per (tile of steps, block of channels), handed out in order by an
   atomic ticket; the tile is loaded once and scanned across lanes, and tiles get their exact
   incoming state by decoupled look-back over their predecessors' published monoids. One read of
   every input, one write of every output, and T fills the GPU when B·D cannot.
 * ``"lookback"`` -- the same tiles and look-back, but each thread walks a run of consecutive
-  steps sequentially and only the run totals are scanned across lanes (fewer instructions per
-  element, a second read of the tile from cache): the faster one for 2-byte storage.
-* ``"chunked"`` -- one program per (batch, block of channels) walks the whole sequence; it needs
-  B·D large enough to fill the GPU, and the tiles kernel matched or beat it everywhere measured,
-  so only an override (tests, sweeps) picks it.
+  steps sequentially and only the run totals are scanned across warps (fewer instructions per
+  element); with ``rescan`` the tile's inputs stay in their storage dtype while it looks back
+  and are scanned again from the incoming state, so a thread holds twice the steps.
 
 (A reduce-then-scan split along T, which reads the inputs twice, measured slower than the
 look-back kernels at every shape: docs/benchmarks.md.)
@@ -35,6 +35,7 @@ from ..dispatch import multiprocessor_count
 __all__ = [
     "ALIGNED_CHANNELS",
     "CHUNKED_WAVES",
+    "FEW_CHANNELS",
     "LOOKBACK_WINDOW",
     "DiagScanPlan",
     "ScanMethod",
@@ -49,10 +50,15 @@ ScanMethod = Literal["chunked", "lookback", "tiles"]
 
 #: Predecessors a look-back round trip looks at, at most (a walk over k unfinished tiles costs
 #: about k / window round trips instead of k); one atomic reads the states of 16 tiles. The
-#: default of the "lookback" kernel; the "tiles" kernel defaults to 1 (H200, 2026-12-03: the
-#: windowed walk costs it registers and was slower at (32, 4096, 512) fp32, 37 % against 82 %
-#: of copy bandwidth, docs/benchmarks.md).
+#: "lookback" kernel's short tiles take it; its tiles of 32 or 64 steps per thread take 4 (16
+#: costs them registers: spills in an sm_90 compile), the "tiles" kernel takes 1 (H200,
+#: 2026-12-03: the windowed walk costs it registers and was slower at (32, 4096, 512) fp32,
+#: 37 % against 82 % of copy bandwidth, docs/benchmarks.md).
 LOOKBACK_WINDOW = 16
+#: Below this many channels (``batch * channels``) 4-byte storage takes the look-back kernel's
+#: short tiles instead of the tiles kernel, and the bf16 adjoint takes rescanned tiles
+#: (:func:`plan_scan_diag`).
+FEW_CHANNELS = 4096
 #: Channel counts divisible by this let Triton prove each row's start aligned (its divisibility
 #: hint) and vectorize; the chunked plan takes shorter chunks without it (:func:`plan_scan_diag`).
 ALIGNED_CHANNELS = 16
@@ -63,6 +69,21 @@ CHUNKED_WAVES = 3
 _CHUNKED_BLOCK_D = 64
 # Tiles whose two state bits share one int32 word in the look-back kernels (the kernels' `16`).
 _TILES_PER_WORD = 16
+
+
+@dataclass(frozen=True)
+class _LookbackTile:
+    block_t: int
+    rows: int
+    block_d: int
+    window: int
+    rescan: bool
+
+
+# The "lookback" kernel's default tiles (plan_scan_diag says which storage takes which).
+_SHORT_TILE = _LookbackTile(32, 16, 64, LOOKBACK_WINDOW, rescan=False)
+_WIDE_TILE = _LookbackTile(32, 32, 128, 4, rescan=False)
+_RESCAN_TILE = _LookbackTile(64, 64, 64, 4, rescan=True)
 
 
 @dataclass(frozen=True)
@@ -85,6 +106,9 @@ class DiagScanPlan:
             <= block_d); the rest of a warp's lanes spread along the channels too, so each
             thread holds whole columns (all of its steps of those channels) and scans them
             sequentially.
+        rescan: ``"lookback"`` only: hold the tile's inputs in their storage dtype while the
+            tile looks back, and scan them again from the incoming state (instead of holding
+            the float32 scan): half the registers per element for 2-byte storage.
     """
 
     method: ScanMethod
@@ -95,6 +119,7 @@ class DiagScanPlan:
     inclusive_every: int = 1
     window: int = 1
     vec: int = 2
+    rescan: bool = False
 
 
 def plan_scan_diag(
@@ -103,7 +128,8 @@ def plan_scan_diag(
     channels: int,
     device: torch.device,
     *,
-    element_size: int = 4,
+    dtype: torch.dtype = torch.float32,
+    adjoint: bool = False,
     method: ScanMethod | None = None,
     block_t: int | None = None,
     block_d: int | None = None,
@@ -112,11 +138,12 @@ def plan_scan_diag(
     inclusive_every: int = 1,
     window: int | None = None,
     vec: int | None = None,
+    rescan: bool | None = None,
 ) -> DiagScanPlan:
     """Launch plan for a ``[batch, steps, channels]`` diagonal scan; arguments override the model.
 
-    What decides is how many channel blocks there are to fill the GPU with, and the storage
-    size (H200 sweeps, ``docs/benchmarks.md``):
+    What decides is how many channel blocks there are to fill the GPU with, the storage
+    ``dtype`` and whether the pass is the ``adjoint`` (H200 sweeps, ``docs/benchmarks.md``):
 
     * ``batch * ceil(channels / 64)`` of at least :data:`CHUNKED_WAVES` times the device's
       multiprocessors: ``"chunked"``, one one-warp program per 64 channels walking the whole
@@ -126,40 +153,63 @@ def plan_scan_diag(
       When ``channels`` is not a multiple of :data:`ALIGNED_CHANNELS` (rows not provably
       aligned: scalar loads, more registers), 8 steps at a time: 61-82 % there against 36-67 %
       with 16.
-    * otherwise T has to fill the GPU too, and the look-back kernels split it into tiles:
-      4-byte storage takes ``"tiles"``, 64 steps x 64 channels, 4 warps (80-85 % at
-      B·D >= 2^12 channels); 2-byte storage takes ``"lookback"``, tiles of 32 steps (16 per
-      thread, two warps) x 64 channels, window 16 (about 45 % against the tiles kernel's 31-40 %).
+    * otherwise T has to fill the GPU too, and the look-back kernels split it into tiles.
+      4-byte storage with at least :data:`FEW_CHANNELS` channels (``batch * channels``) takes
+      ``"tiles"``, 64 steps x 64 channels, 4 warps (75-85 %); with fewer, ``"lookback"`` tiles
+      of 32 steps (16 per thread, two warps) x 64 channels, window 16 (37-75 % against the
+      tiles kernel's 23-64 %). bf16 takes ``"lookback"`` tiles of 64 steps x 64 channels, all
+      64 steps in each thread, one warp, window 4, with ``rescan`` (65-73 % forward where the
+      earlier 32 x 64 tile gave 45 %, 52 % against 31 % with 256 channels); its adjoint with at
+      least :data:`FEW_CHANNELS` channels, and fp16 storage, take 32 x 128 tiles, 32 steps per
+      thread, two warps, window 4, without (60-69 % adjoint, where rescan gave 53-60 %; fp16
+      spills with rescan: the compiler merges the two conversions of its inputs).
 
-    ``batch`` and ``steps`` are part of the signature for the model; no choice depends on
-    ``steps`` yet. ``device`` gives the multiprocessor count (4 for the CPU interpreter).
+    ``steps`` is part of the signature for the model; no choice depends on it yet. ``device``
+    gives the multiprocessor count (4 for the CPU interpreter).
     """
+    element_size = torch.empty((), dtype=dtype).element_size()
     if method is None:
         blocks = batch * -(-channels // _CHUNKED_BLOCK_D)
         if blocks >= CHUNKED_WAVES * multiprocessor_count(device):
             method = "chunked"
+        elif element_size >= 4 and batch * channels >= FEW_CHANNELS:
+            method = "tiles"
         else:
-            method = "lookback" if element_size < 4 else "tiles"
-    if window is None:
-        window = 1 if method == "tiles" else LOOKBACK_WINDOW
-    if window < 1 or window > _TILES_PER_WORD or window & (window - 1):
-        raise ValueError(f"window must be a power of two from 1 to {_TILES_PER_WORD}, got {window}")
+            method = "lookback"
     if method == "tiles":
+        window = _checked_window(1 if window is None else window)
         block_d = block_d or min(64, triton_next_power_of_2(channels))
         return DiagScanPlan(
             "tiles", block_t or 64, block_d, num_warps or 4, 1, inclusive_every, window
         )
     if method == "lookback":
-        rows = rows or 16
-        block_d = block_d or min(64, triton_next_power_of_2(channels))
-        block_t = max(block_t or 32, rows)
+        if element_size >= 4:
+            tile = _SHORT_TILE
+        elif dtype == torch.bfloat16 and not (adjoint and batch * channels >= FEW_CHANNELS):
+            tile = _RESCAN_TILE
+        else:
+            tile = _WIDE_TILE
+        block_t = block_t or tile.block_t
+        rows = rows or min(tile.rows, block_t)
+        block_t = max(block_t, rows)
+        block_d = block_d or min(tile.block_d, triton_next_power_of_2(channels))
+        window = _checked_window(tile.window if window is None else window)
+        # One warp per group of rows and per 64 channels: every warp scans whole columns.
+        warps = max(1, min(8, block_t // rows * block_d // 64))
         return DiagScanPlan(
-            "lookback", block_t, block_d, num_warps or 2, rows, inclusive_every, window,
-            _vec(vec, block_d, 2),
+            "lookback", block_t, block_d, num_warps or warps, rows, inclusive_every, window,
+            _vec(vec, block_d, 2), tile.rescan if rescan is None else rescan,
         )  # fmt: skip
+    _checked_window(1 if window is None else window)
     block_d = block_d or min(_CHUNKED_BLOCK_D, triton_next_power_of_2(channels))
     block_t = block_t or (16 if channels % ALIGNED_CHANNELS == 0 else 8)
     return DiagScanPlan("chunked", block_t, block_d, num_warps or 1, vec=_vec(vec, block_d, 2))
+
+
+def _checked_window(window: int) -> int:
+    if window < 1 or window > _TILES_PER_WORD or window & (window - 1):
+        raise ValueError(f"window must be a power of two from 1 to {_TILES_PER_WORD}, got {window}")
+    return window
 
 
 def _vec(vec: int | None, block_d: int, default: int) -> int:
@@ -241,7 +291,12 @@ def _launch_diag_lookback(
         shape = {"BLOCK_T": plan.block_t}
     else:
         kernel = _kernels().scan_diag_lookback_kernel
-        shape = {"GROUPS": plan.block_t // plan.rows, "ROWS": plan.rows, "VEC": plan.vec}
+        shape = {
+            "GROUPS": plan.block_t // plan.rows,
+            "ROWS": plan.rows,
+            "VEC": plan.vec,
+            "RESCAN": plan.rescan,
+        }
     launchable(kernel)[(n_tiles * n_cols,)](
         jac,
         rhs,
@@ -289,9 +344,7 @@ def triton_scan_diag(
     chunk and tile boundaries with them at small sizes, the benchmark tunes with them.
     """
     batch, steps, channels = rhs.shape
-    plan = plan_scan_diag(
-        batch, steps, channels, rhs.device, element_size=rhs.element_size(), **overrides
-    )
+    plan = plan_scan_diag(batch, steps, channels, rhs.device, dtype=rhs.dtype, **overrides)
     out = torch.empty_like(rhs)
     _launcher(plan)(jac, rhs, h0, out, plan, reverse=reverse, shift=False)
     return out
@@ -315,7 +368,7 @@ def triton_scan_diag_backward(
     """
     batch, steps, channels = y.shape
     plan = plan_scan_diag(
-        batch, steps, channels, y.device, element_size=y.element_size(), **overrides
+        batch, steps, channels, y.device, dtype=y.dtype, adjoint=True, **overrides
     )
     grad_rhs = torch.empty_like(y)
     grad_jac = torch.empty_like(jac)
