@@ -22,6 +22,7 @@ The kernels are imported on first use, so importing this module needs no GPU and
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -165,12 +166,37 @@ def plan_scan_diag(
       spills with rescan: the compiler merges the two conversions of its inputs).
 
     ``steps`` is part of the signature for the model; no choice depends on it yet. ``device``
-    gives the multiprocessor count (4 for the CPU interpreter).
+    gives the multiprocessor count (4 for the CPU interpreter). Plans are cached: every scan
+    call asks for one, and building it costs more host time than the lookup.
     """
-    element_size = torch.empty((), dtype=dtype).element_size()
+    return _plan(
+        batch, steps, channels, multiprocessor_count(device), dtype, adjoint, method, block_t,
+        block_d, num_warps, rows, inclusive_every, window, vec, rescan,
+    )  # fmt: skip
+
+
+@functools.lru_cache(maxsize=4096)
+def _plan(
+    batch: int,
+    steps: int,
+    channels: int,
+    multiprocessors: int,
+    dtype: torch.dtype,
+    adjoint: bool,
+    method: ScanMethod | None,
+    block_t: int | None,
+    block_d: int | None,
+    num_warps: int | None,
+    rows: int | None,
+    inclusive_every: int,
+    window: int | None,
+    vec: int | None,
+    rescan: bool | None,
+) -> DiagScanPlan:
+    element_size = dtype.itemsize
     if method is None:
         blocks = batch * -(-channels // _CHUNKED_BLOCK_D)
-        if blocks >= CHUNKED_WAVES * multiprocessor_count(device):
+        if blocks >= CHUNKED_WAVES * multiprocessors:
             method = "chunked"
         elif element_size >= 4 and batch * channels >= FEW_CHANNELS:
             method = "tiles"
