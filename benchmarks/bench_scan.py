@@ -31,7 +31,7 @@ import triton.testing
 from pararnn_kernels.scan import launch
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-METHODS = ("chunked", "lookback", "tiles")
+METHODS = ("chunked", "lookback", "tiles", "twopass")
 
 
 def median_ms(fn: Any) -> float:
@@ -194,6 +194,16 @@ RESCAN_VARIANTS = [
     (32, 16, 64, 2, 2, 16),
     (64, 32, 128, 4, 2, 4),
 ]
+# (block_t, rows, block_d, num_warps, window) of the two-pass look-back kernel (tile steps, chunk
+# steps; 8-step chunks take 124 registers in an sm_90 compile, 16-step chunks 222).
+TWOPASS_VARIANTS = [
+    (256, 8, 64, 1, 16),
+    (512, 8, 64, 1, 16),
+    (1024, 8, 64, 1, 16),
+    (2048, 8, 64, 1, 16),
+    (512, 16, 64, 1, 16),
+    (512, 8, 128, 2, 16),
+]
 # (block_t, block_d, num_warps, vec) of the chunked single pass.
 CHUNKED_VARIANTS = [
     (8, 64, 1, 2),
@@ -245,6 +255,18 @@ def sweep_variants(methods: tuple[str, ...]) -> list[dict[str, Any]]:
                 "rescan": True,
             }
             for bt, r, bd, w, v, win in RESCAN_VARIANTS
+        ]
+    if "twopass" in methods:
+        variants += [
+            {
+                "method": "twopass",
+                "block_t": bt,
+                "rows": r,
+                "block_d": bd,
+                "num_warps": w,
+                "window": win,
+            }
+            for bt, r, bd, w, win in TWOPASS_VARIANTS
         ]
     if "tiles" in methods:
         variants += [

@@ -207,7 +207,7 @@ def _scan_diag_launches(rec: _Recorder) -> None:
     cpu = torch.device("cpu")
     for dtype in (torch.float32, torch.bfloat16):
         default = launch.plan_scan_diag(2, 1024, 128, cpu, dtype=dtype).method
-        for method in ("tiles", "lookback", "chunked"):
+        for method in ("tiles", "lookback", "chunked", "twopass"):
             cases = SCAN_CASES if method == default else SCAN_CASES_H0
             run(dtype, cases, (2, 1024, 128), method=method)
         # The default plan at T and D that are not multiples of 16, in one channel block: no

@@ -122,6 +122,9 @@ PLANS_SMALL: list[dict[str, object]] = [
         "rescan": True,
         "inclusive_every": 4,
     },
+    # Two passes over tiles of several chunks (the last tile partial at most lengths).
+    {"method": "twopass", "block_t": 16, "rows": 4, "block_d": 8},
+    {"method": "twopass", "block_t": 8, "rows": 2, "block_d": 4, "inclusive_every": 4},
 ]
 PLANS_GPU: list[dict[str, object]] = [
     *PLANS_SMALL,
@@ -135,6 +138,8 @@ PLANS_GPU: list[dict[str, object]] = [
     {"method": "lookback", "block_t": 128, "rows": 4, "block_d": 32},
     {"method": "lookback", "block_t": 64, "rows": 64, "block_d": 64, "rescan": True},
     {"method": "lookback", "block_t": 64, "rows": 32, "block_d": 128, "rescan": True},
+    {"method": "twopass"},
+    {"method": "twopass", "block_t": 256, "rows": 16, "block_d": 128, "num_warps": 2},
     {"method": "tiles"},
     {"method": "tiles", "block_t": 256, "block_d": 64, "num_warps": 8},
     {"method": "tiles", "block_t": 64, "block_d": 32, "num_warps": 2},
@@ -188,17 +193,18 @@ def test_lookback_window_is_checked() -> None:
     cpu = torch.device("cpu")
     assert launch.plan_scan_diag(2, 64, 8, cpu, window=1).window == 1
     # Defaults: the tiles kernel walks one tile per round trip, the per-thread-runs kernel's
-    # short tiles 16 tiles, its tiles of 32 or 64 steps per thread 4.
-    assert launch.plan_scan_diag(2, 64, 16, cpu, method="tiles").window == 1
-    assert launch.plan_scan_diag(2, 64, 16, cpu).window == launch.LOOKBACK_WINDOW
-    assert launch.plan_scan_diag(2, 64, 16, cpu, dtype=torch.bfloat16).window == 4
+    # short tiles and the two-pass kernel 16 tiles, the tiles of 32 or 64 steps per thread 4.
+    assert launch.plan_scan_diag(2, 64, 200, cpu, method="tiles").window == 1
+    assert launch.plan_scan_diag(2, 64, 200, cpu).window == launch.LOOKBACK_WINDOW
+    assert launch.plan_scan_diag(2, 64, 200, cpu, dtype=torch.bfloat16).window == 4
+    assert launch.plan_scan_diag(2, 64, 16, cpu, dtype=torch.bfloat16).window == 16
 
 
 def test_default_method_follows_channel_blocks_and_storage() -> None:
     """Enough 64-channel blocks for CHUNKED_WAVES programs per multiprocessor (4 for the CPU
     interpreter): the chunked pass, 16-step chunks on aligned channels, 8 otherwise; fewer:
-    the tiles kernel for 4-byte storage with FEW_CHANNELS channels or more, the per-thread-runs
-    kernel otherwise."""
+    the two-pass kernel below TWO_PASS_CHANNELS channels, the tiles kernel for 4-byte storage
+    with FEW_CHANNELS channels or more, the per-thread-runs kernel otherwise."""
     cpu = torch.device("cpu")
     enough = launch.CHUNKED_WAVES * multiprocessor_count(cpu)
     aligned = launch.ALIGNED_CHANNELS
@@ -214,8 +220,10 @@ def test_default_method_follows_channel_blocks_and_storage() -> None:
         (enough - 1, 64, fp32, "lookback", 32),
         (enough - 1, 64, bf16, "lookback", 64),
         (1, 64 * (enough - 1), fp32, "lookback", 32),
-        (3, 50, bf16, "lookback", 64),
-        (3, 50, fp32, "lookback", 32),
+        (3, 100, bf16, "lookback", 64),
+        (3, 100, fp32, "lookback", 32),
+        (3, 50, bf16, "twopass", 512),
+        (1, 255, fp32, "twopass", 512),
     ]:
         plan = launch.plan_scan_diag(batch, 1000, channels, cpu, dtype=dtype)
         assert (plan.method, plan.block_t) == (method, block_t), (batch, channels, plan)
@@ -231,7 +239,8 @@ def test_look_back_tiles_follow_storage_direction_and_channels() -> None:
     """With too few channel blocks for the chunked pass (a device of many multiprocessors):
     fp32 with FEW_CHANNELS channels or more takes the tiles kernel, with fewer the short
     look-back tiles; bf16 takes the rescanned 64-step tiles except for its adjoint with many
-    channels, which (as fp16 always) takes the 32 x 128 tiles."""
+    channels, which (as fp16 always) takes the 32 x 128 tiles; below TWO_PASS_CHANNELS every
+    storage takes the two-pass kernel."""
     cpu = torch.device("cpu")
     few = launch.FEW_CHANNELS
 
@@ -253,11 +262,19 @@ def test_look_back_tiles_follow_storage_direction_and_channels() -> None:
     assert plan(few // 512, 512, torch.bfloat16, False) == rescan
     assert plan(few // 512, 512, torch.bfloat16, True) == wide
     # Fewer channels than a tile: the tile narrows, and so do its warps.
-    assert plan(1, 48, torch.float16, False)[3:5] == (64, 1)
+    assert plan(8, 48, torch.float16, False)[3:5] == (64, 1)
+    # Very few channels: two passes over long tiles, whatever the storage and direction.
+    twopass = ("twopass", 512, 8, 64, 1, launch.LOOKBACK_WINDOW, False)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        for adjoint in (False, True):
+            assert plan(2, launch.TWO_PASS_CHANNELS // 2 - 1, dtype, adjoint) == twopass
     # Rows follow a shorter forced tile; an explicit rescan wins.
-    with_rows = launch.plan_scan_diag(1, 99, 8, cpu, dtype=torch.bfloat16, block_t=16)
+    bf16 = torch.bfloat16
+    with_rows = launch.plan_scan_diag(1, 99, 8, cpu, dtype=bf16, method="lookback", block_t=16)
     assert (with_rows.block_t, with_rows.rows) == (16, 16)
-    assert not launch.plan_scan_diag(1, 99, 8, cpu, dtype=torch.bfloat16, rescan=False).rescan
+    assert not launch.plan_scan_diag(
+        1, 99, 8, cpu, dtype=bf16, method="lookback", rescan=False
+    ).rescan
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
@@ -364,7 +381,7 @@ def test_long_sequences_on_gpu(
 
 @pytest.mark.cuda
 @needs_cuda
-@pytest.mark.parametrize("method", ["chunked", "lookback", "tiles"])
+@pytest.mark.parametrize("method", ["chunked", "lookback", "tiles", "twopass"])
 def test_gpu_results_are_bitwise_repeatable(method: str) -> None:
     """The look-back scan's tiles race to publish: any ordering bug shows as a moving result."""
     jac, rhs, h0 = make_inputs(2, 2**17 + 3, 96, dtype=torch.float32, device="cuda", with_h0=True)
@@ -384,7 +401,7 @@ def test_gpu_results_are_bitwise_repeatable(method: str) -> None:
 
 
 @needs_interpreter
-@pytest.mark.parametrize("method", ["chunked", "lookback", "tiles"])
+@pytest.mark.parametrize("method", ["chunked", "lookback", "tiles", "twopass"])
 def test_eager_scan_launches_bypass_the_wrap_triton_op(
     method: str,
     poisoned: None,

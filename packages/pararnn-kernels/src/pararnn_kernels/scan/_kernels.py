@@ -414,6 +414,134 @@ def scan_diag_lookback_kernel(
         tl.store(grad_jac_ptr + base + rel, (y * prev).to(grad_jac_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _segment_total(
+    jac_ptr, rhs_ptr, row_base, p_start, p_end, T, D, offs_d, mask_d,
+    REVERSE: tl.constexpr, SHIFT: tl.constexpr, ROWS: tl.constexpr,
+):  # fmt: skip
+    """The monoid of positions ``[p_start, p_end)`` (``[BLOCK_D]`` each), read in chunks of
+    ``ROWS`` steps, the next chunk's loads in flight while one is folded in."""
+    run_a = tl.full(offs_d.shape, 1.0, dtype=tl.float32)
+    run_b = tl.zeros(offs_d.shape, dtype=tl.float32)
+    p = p_start + tl.arange(0, ROWS)
+    a_next, b_next, _, _ = _load_diag_chunk(
+        jac_ptr, rhs_ptr, row_base, p, p_end, T, D, offs_d, mask_d, REVERSE, SHIFT
+    )
+    # A runtime trip count (the tile's chunks inside the sequence): a constant one lets the
+    # compiler unroll the loop and hoist every chunk's loads, which costs registers.
+    for c in range(tl.cdiv(p_end - p_start, ROWS)):
+        a, b = a_next, b_next
+        p = p_start + (c + 1) * ROWS + tl.arange(0, ROWS)
+        a_next, b_next, _, _ = _load_diag_chunk(
+            jac_ptr, rhs_ptr, row_base, p, p_end, T, D, offs_d, mask_d, REVERSE, SHIFT
+        )
+        prod, acc = tl.associative_scan((a, b), 0, _combine_diag)
+        chunk_a = _last_row(prod, ROWS)
+        run_b = chunk_a * run_b + _last_row(acc, ROWS)
+        run_a = chunk_a * run_a
+    return run_a, run_b
+
+
+@triton.jit
+def scan_diag_twopass_kernel(
+    jac_ptr,
+    rhs_ptr,
+    h0_ptr,
+    out_ptr,
+    prev_ptr,
+    grad_jac_ptr,
+    agg_a_ptr,
+    agg_b_ptr,
+    incl_ptr,
+    flag_ptr,
+    ticket_ptr,
+    T,
+    D,
+    n_cols_d,
+    n_tiles,
+    HAS_H0: tl.constexpr,
+    REVERSE: tl.constexpr,
+    SHIFT: tl.constexpr,
+    GRAD_JAC: tl.constexpr,
+    ROWS: tl.constexpr,
+    CHUNKS: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    INCLUSIVE_EVERY: tl.constexpr,
+    WINDOW: tl.constexpr,
+    VEC: tl.constexpr,
+):
+    """Grid (n_tiles * B * n_cols_d,): one program per tile of CHUNKS * ROWS steps, in ticket
+    order, arguments as for scan_diag_lookback_kernel.
+
+    The tile is read twice and held never: a first pass streams it in chunks of ROWS steps and
+    folds them into the tile's monoid, which is published; the look-back gives the entering
+    state; a second pass streams the tile again (as scan_diag_kernel walks a sequence) and
+    writes the states. Registers hold two chunks whatever the tile's length, so tiles can be
+    long and the look-back chain short: for few channels, where the one-pass tiles wait on
+    their chain.
+    """
+    ticket = tl.atomic_add(ticket_ptr, 1)
+    n_cols = tl.num_programs(0) // n_tiles
+    tile = ticket // n_cols
+    col = ticket % n_cols
+    pid_b = col // n_cols_d
+    pid_d = col % n_cols_d
+    offs_d = tl.max_contiguous(pid_d * BLOCK_D + tl.arange(0, BLOCK_D), VEC)
+    lanes = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < D
+    row_base = pid_b.to(tl.int64) * T * D
+    p_start = tile * (CHUNKS * ROWS)
+    p_end = tl.minimum(p_start + CHUNKS * ROWS, T)
+
+    tile_a, tile_b = _segment_total(
+        jac_ptr, rhs_ptr, row_base, p_start, p_end, T, D, offs_d, mask_d, REVERSE, SHIFT, ROWS
+    )
+
+    flags = flag_ptr + col.to(tl.int64) * tl.cdiv(n_tiles, 16)
+    slots = (col.to(tl.int64) * n_tiles) * BLOCK_D + lanes
+    h0 = tl.zeros([BLOCK_D], dtype=tl.float32)
+    if HAS_H0:
+        h0 = tl.load(h0_ptr + pid_b.to(tl.int64) * D + offs_d, mask=mask_d, other=0.0)
+        h0 = h0.to(tl.float32)
+    carry = tl.zeros([BLOCK_D], dtype=tl.float32)
+    if tile == 0:
+        if HAS_H0 and not GRAD_JAC:
+            carry = h0
+    else:
+        tl.store(agg_a_ptr + slots + tile * BLOCK_D, tile_a)
+        tl.store(agg_b_ptr + slots + tile * BLOCK_D, tile_b)
+        tl.debug_barrier()
+        _publish(flags, tile, 1)
+        carry = _walk_back(agg_a_ptr, agg_b_ptr, incl_ptr, flags, slots, tile, BLOCK_D, WINDOW)
+    if (INCLUSIVE_EVERY == 1) or (tile % INCLUSIVE_EVERY == 0):
+        # INCLUSIVE_EVERY > 1 is the testing knob of scan_diag_lookback_kernel.
+        _publish_inclusive(incl_ptr, flags, slots, tile, tile_a * carry + tile_b, BLOCK_D)
+
+    # Second pass: the tile's states from the exact entering state. Only the prefetched values
+    # cross iterations; each chunk's addresses are computed again where they are stored (held
+    # across the loop they cost two registers per element).
+    p = p_start + tl.arange(0, ROWS)
+    a_next, b_next, _, _ = _load_diag_chunk(
+        jac_ptr, rhs_ptr, row_base, p, p_end, T, D, offs_d, mask_d, REVERSE, SHIFT
+    )
+    for c in range(tl.cdiv(p_end - p_start, ROWS)):
+        a, b = a_next, b_next
+        p = p_start + c * ROWS + tl.arange(0, ROWS)
+        a_next, b_next, _, _ = _load_diag_chunk(
+            jac_ptr, rhs_ptr, row_base, p + ROWS, p_end, T, D, offs_d, mask_d, REVERSE, SHIFT
+        )
+        mask = (p < p_end)[:, None] & mask_d[None, :]
+        offs = row_base + _time_index(p, T, REVERSE)[:, None].to(tl.int64) * D + offs_d[None, :]
+        if GRAD_JAC:
+            prev = _consumed_state(prev_ptr, row_base, p, mask, T, D, offs_d, h0, REVERSE, HAS_H0)
+        prod, acc = tl.associative_scan((a, b), 0, _combine_diag)
+        y = acc + prod * carry[None, :]
+        tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+        if GRAD_JAC:
+            tl.store(grad_jac_ptr + offs, (y * prev).to(grad_jac_ptr.dtype.element_ty), mask=mask)
+        carry = _last_row(y, ROWS)
+
+
 # ----------------------------------------------------------------------------------------------
 # Diagonal scan in one pass with decoupled look-back, each tile scanned across lanes.
 #

@@ -1,6 +1,6 @@
 """Typed launchers of the Triton scan kernels, and the launch plan that picks among them.
 
-The diagonal scan has three launch shapes; :func:`plan_scan_diag` picks one from the number of
+The diagonal scan has four launch shapes; :func:`plan_scan_diag` picks one from the number of
 channels, the storage dtype and the direction:
 
 * ``"chunked"`` -- one program per (batch, block of channels) walks the whole sequence, each
@@ -13,10 +13,13 @@ channels, the storage dtype and the direction:
   steps sequentially and only the run totals are scanned across warps (fewer instructions per
   element); with ``rescan`` the tile's inputs stay in their storage dtype while it looks back
   and are scanned again from the incoming state, so a thread holds twice the steps.
+* ``"twopass"`` -- the same look-back over long tiles that are never held: a first pass streams
+  the tile to its monoid, a second streams it again from the incoming state. It reads the inputs
+  twice (5 streams instead of 3, so at most 60 % of the copy bandwidth by this page's measure),
+  but its chain of tiles is short: the one that wins with very few channels, where the one-pass
+  tiles wait on their chain.
 
-(A reduce-then-scan split along T, which reads the inputs twice, measured slower than the
-look-back kernels at every shape: docs/benchmarks.md.)
-
+The kernels are imported on first use, so importing this module needs no GPU and compiles nothing.
 The kernels are imported on first use, so importing this module needs no GPU and compiles nothing.
 """
 
@@ -38,6 +41,7 @@ __all__ = [
     "CHUNKED_WAVES",
     "FEW_CHANNELS",
     "LOOKBACK_WINDOW",
+    "TWO_PASS_CHANNELS",
     "DiagScanPlan",
     "ScanMethod",
     "plan_scan_diag",
@@ -47,7 +51,7 @@ __all__ = [
     "triton_scan_diag_backward",
 ]
 
-ScanMethod = Literal["chunked", "lookback", "tiles"]
+ScanMethod = Literal["chunked", "lookback", "tiles", "twopass"]
 
 #: Predecessors a look-back round trip looks at, at most (a walk over k unfinished tiles costs
 #: about k / window round trips instead of k); one atomic reads the states of 16 tiles. The
@@ -60,6 +64,10 @@ LOOKBACK_WINDOW = 16
 #: short tiles instead of the tiles kernel, and the bf16 adjoint takes rescanned tiles
 #: (:func:`plan_scan_diag`).
 FEW_CHANNELS = 4096
+#: Below this many channels (``batch * channels``) every storage takes the two-pass look-back
+#: kernel: H200, 2026-12-04, at 64 channels 53 % of copy bandwidth in fp32 and 44 % in bf16
+#: against the one-pass tiles' 37 % and 24 %; at 256 channels level with them forward.
+TWO_PASS_CHANNELS = 256
 #: Channel counts divisible by this let Triton prove each row's start aligned (its divisibility
 #: hint) and vectorize; the chunked plan takes shorter chunks without it (:func:`plan_scan_diag`).
 ALIGNED_CHANNELS = 16
@@ -92,18 +100,18 @@ class DiagScanPlan:
     """How one diagonal scan is launched.
 
     Attributes:
-        method: ``"tiles"``, ``"lookback"`` or ``"chunked"`` (module docstring).
-        block_t: steps per chunk (chunked) or per tile (lookback); a power of two.
+        method: ``"tiles"``, ``"lookback"``, ``"twopass"`` or ``"chunked"`` (module docstring).
+        block_t: steps per chunk (chunked) or per tile (the look-back kernels); a power of two.
         block_d: channels per program (a power of two).
         num_warps: warps per program.
-        rows: ``"lookback"`` only: consecutive steps each thread walks sequentially (divides
-            block_t); 1 for the other methods.
+        rows: ``"lookback"``: consecutive steps each thread walks sequentially; ``"twopass"``:
+            steps per chunk of its two passes (both divide block_t); 1 for the other methods.
         inclusive_every: look-back kernels only, a testing knob: only every n-th tile publishes its
             inclusive state, so successors must walk back over published monoids (1 = all do).
         window: look-back kernels only: predecessors one look-back round trip looks at, at most
             (a power of two <= 16; 1 walks back one tile per round trip). :func:`plan_scan_diag`
             picks it per method; the field's default is the one-tile walk.
-        vec: ``"chunked"`` and ``"lookback"``: channels per thread, at most (a power of two
+        vec: ``"chunked"``, ``"lookback"`` and ``"twopass"``: channels per thread, at most (a power of two
             <= block_d); the rest of a warp's lanes spread along the channels too, so each
             thread holds whole columns (all of its steps of those channels) and scans them
             sequentially.
@@ -154,6 +162,8 @@ def plan_scan_diag(
       When ``channels`` is not a multiple of :data:`ALIGNED_CHANNELS` (rows not provably
       aligned: scalar loads, more registers), 8 steps at a time: 61-82 % there against 36-67 %
       with 16.
+    * fewer than :data:`TWO_PASS_CHANNELS` channels (``batch * channels``): ``"twopass"``,
+      tiles of 512 steps x 64 channels streamed twice in chunks of 8 steps, one warp, window 16.
     * otherwise T has to fill the GPU too, and the look-back kernels split it into tiles.
       4-byte storage with at least :data:`FEW_CHANNELS` channels (``batch * channels``) takes
       ``"tiles"``, 64 steps x 64 channels, 4 warps (75-85 %); with fewer, ``"lookback"`` tiles
@@ -198,6 +208,8 @@ def _plan(
         blocks = batch * -(-channels // _CHUNKED_BLOCK_D)
         if blocks >= CHUNKED_WAVES * multiprocessors:
             method = "chunked"
+        elif batch * channels < TWO_PASS_CHANNELS:
+            method = "twopass"
         elif element_size >= 4 and batch * channels >= FEW_CHANNELS:
             method = "tiles"
         else:
@@ -208,6 +220,17 @@ def _plan(
         return DiagScanPlan(
             "tiles", block_t or 64, block_d, num_warps or 4, 1, inclusive_every, window
         )
+    if method == "twopass":
+        # 8-step chunks: 124 registers in an sm_90 compile against 222 with 16 (H200: 53 % of
+        # copy against 48 % at 64 fp32 channels).
+        rows = rows or 8
+        block_t = max(block_t or 512, rows)
+        block_d = block_d or min(_CHUNKED_BLOCK_D, triton_next_power_of_2(channels))
+        window = _checked_window(LOOKBACK_WINDOW if window is None else window)
+        return DiagScanPlan(
+            "twopass", block_t, block_d, num_warps or 1, rows, inclusive_every, window,
+            _vec(vec, block_d, 2),
+        )  # fmt: skip
     if method == "lookback":
         if element_size >= 4:
             tile = _SHORT_TILE
@@ -315,6 +338,9 @@ def _launch_diag_lookback(
     if plan.method == "tiles":
         kernel = _kernels().scan_diag_tiles_kernel
         shape = {"BLOCK_T": plan.block_t}
+    elif plan.method == "twopass":
+        kernel = _kernels().scan_diag_twopass_kernel
+        shape = {"ROWS": plan.rows, "CHUNKS": plan.block_t // plan.rows, "VEC": plan.vec}
     else:
         kernel = _kernels().scan_diag_lookback_kernel
         shape = {
