@@ -269,6 +269,38 @@ def _walk_back(
 
 
 @triton.jit
+def _take_tile(ticket_ptr, n_tiles, n_cols_d):
+    """This program's tile, handed out in ticket order: ``(tile, column, batch row, channel
+    block)``, columns (batch row, channel block) fastest."""
+    ticket = tl.atomic_add(ticket_ptr, 1)
+    n_cols = tl.num_programs(0) // n_tiles
+    tile = ticket // n_cols
+    col = ticket % n_cols
+    return tile, col, col // n_cols_d, col % n_cols_d
+
+
+@triton.jit
+def _entering_state(
+    agg_a_ptr, agg_b_ptr, incl_ptr, flags, slots, tile, tile_a, tile_b, h0,
+    HAS_H0: tl.constexpr, GRAD_JAC: tl.constexpr, BLOCK_D: tl.constexpr, WINDOW: tl.constexpr,
+):  # fmt: skip
+    """Publish ``tile``'s monoid ``(tile_a, tile_b)`` (``[BLOCK_D]`` each) and return the exact
+    state entering it: h0 (forward with h0) or zero for the first tile, the look-back's carry
+    for the others."""
+    carry = tl.zeros([BLOCK_D], dtype=tl.float32)
+    if tile == 0:
+        if HAS_H0 and not GRAD_JAC:
+            carry = h0
+    else:
+        tl.store(agg_a_ptr + slots + tile * BLOCK_D, tile_a)
+        tl.store(agg_b_ptr + slots + tile * BLOCK_D, tile_b)
+        tl.debug_barrier()
+        _publish(flags, tile, 1)
+        carry = _walk_back(agg_a_ptr, agg_b_ptr, incl_ptr, flags, slots, tile, BLOCK_D, WINDOW)
+    return carry
+
+
+@triton.jit
 def _publish_inclusive(incl_ptr, flags, slots, tile, state, BLOCK_D: tl.constexpr):
     tl.store(incl_ptr + slots + tile * BLOCK_D, state)
     tl.debug_barrier()
@@ -316,12 +348,7 @@ def scan_diag_lookback_kernel(
     second time from the entering states (instead of holding the float32 scan): half the
     registers per element for 2-byte storage, so a thread can hold twice the steps.
     """
-    ticket = tl.atomic_add(ticket_ptr, 1)
-    n_cols = tl.num_programs(0) // n_tiles
-    tile = ticket // n_cols
-    col = ticket % n_cols
-    pid_b = col // n_cols_d
-    pid_d = col % n_cols_d
+    tile, col, pid_b, pid_d = _take_tile(ticket_ptr, n_tiles, n_cols_d)
     offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
     lanes = tl.arange(0, BLOCK_D)
     mask_d = offs_d < D
@@ -372,16 +399,10 @@ def scan_diag_lookback_kernel(
     if HAS_H0:
         h0 = tl.load(h0_ptr + pid_b.to(tl.int64) * D + offs_d, mask=mask_d, other=0.0)
         h0 = h0.to(tl.float32)
-    carry = tl.zeros([BLOCK_D], dtype=tl.float32)
-    if tile == 0:
-        if HAS_H0 and not GRAD_JAC:
-            carry = h0
-    else:
-        tl.store(agg_a_ptr + slots + tile * BLOCK_D, tile_a)
-        tl.store(agg_b_ptr + slots + tile * BLOCK_D, tile_b)
-        tl.debug_barrier()
-        _publish(flags, tile, 1)
-        carry = _walk_back(agg_a_ptr, agg_b_ptr, incl_ptr, flags, slots, tile, BLOCK_D, WINDOW)
+    carry = _entering_state(
+        agg_a_ptr, agg_b_ptr, incl_ptr, flags, slots, tile, tile_a, tile_b, h0,
+        HAS_H0, GRAD_JAC, BLOCK_D, WINDOW,
+    )  # fmt: skip
     if INCLUSIVE_EVERY == 1:
         _publish_inclusive(incl_ptr, flags, slots, tile, tile_a * carry + tile_b, BLOCK_D)
     elif tile % INCLUSIVE_EVERY == 0:
@@ -480,12 +501,7 @@ def scan_diag_twopass_kernel(
     long and the look-back chain short: for few channels, where the one-pass tiles wait on
     their chain.
     """
-    ticket = tl.atomic_add(ticket_ptr, 1)
-    n_cols = tl.num_programs(0) // n_tiles
-    tile = ticket // n_cols
-    col = ticket % n_cols
-    pid_b = col // n_cols_d
-    pid_d = col % n_cols_d
+    tile, col, pid_b, pid_d = _take_tile(ticket_ptr, n_tiles, n_cols_d)
     offs_d = tl.max_contiguous(pid_d * BLOCK_D + tl.arange(0, BLOCK_D), VEC)
     lanes = tl.arange(0, BLOCK_D)
     mask_d = offs_d < D
@@ -503,16 +519,10 @@ def scan_diag_twopass_kernel(
     if HAS_H0:
         h0 = tl.load(h0_ptr + pid_b.to(tl.int64) * D + offs_d, mask=mask_d, other=0.0)
         h0 = h0.to(tl.float32)
-    carry = tl.zeros([BLOCK_D], dtype=tl.float32)
-    if tile == 0:
-        if HAS_H0 and not GRAD_JAC:
-            carry = h0
-    else:
-        tl.store(agg_a_ptr + slots + tile * BLOCK_D, tile_a)
-        tl.store(agg_b_ptr + slots + tile * BLOCK_D, tile_b)
-        tl.debug_barrier()
-        _publish(flags, tile, 1)
-        carry = _walk_back(agg_a_ptr, agg_b_ptr, incl_ptr, flags, slots, tile, BLOCK_D, WINDOW)
+    carry = _entering_state(
+        agg_a_ptr, agg_b_ptr, incl_ptr, flags, slots, tile, tile_a, tile_b, h0,
+        HAS_H0, GRAD_JAC, BLOCK_D, WINDOW,
+    )  # fmt: skip
     if (INCLUSIVE_EVERY == 1) or (tile % INCLUSIVE_EVERY == 0):
         # INCLUSIVE_EVERY > 1 is the testing knob of scan_diag_lookback_kernel.
         _publish_inclusive(incl_ptr, flags, slots, tile, tile_a * carry + tile_b, BLOCK_D)
@@ -590,12 +600,7 @@ def scan_diag_tiles_kernel(
 
     Arguments as for scan_diag_lookback_kernel.
     """
-    ticket = tl.atomic_add(ticket_ptr, 1)
-    n_cols = tl.num_programs(0) // n_tiles
-    tile = ticket // n_cols
-    col = ticket % n_cols
-    pid_b = col // n_cols_d
-    pid_d = col % n_cols_d
+    tile, col, pid_b, pid_d = _take_tile(ticket_ptr, n_tiles, n_cols_d)
     offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
     lanes = tl.arange(0, BLOCK_D)
     mask_d = offs_d < D
