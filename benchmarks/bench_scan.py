@@ -230,43 +230,20 @@ def sweep_variants(methods: tuple[str, ...]) -> list[dict[str, Any]]:
             {"method": "chunked", "block_t": bt, "block_d": bd, "num_warps": w, "vec": v}
             for bt, bd, w, v in CHUNKED_VARIANTS
         ]
+    lookback_fields = ("block_t", "rows", "block_d", "num_warps", "vec", "window")
     if "lookback" in methods:
         variants += [
-            {
-                "method": "lookback",
-                "block_t": bt,
-                "rows": r,
-                "block_d": bd,
-                "num_warps": w,
-                "vec": v,
-                "window": win,
-            }
-            for bt, r, bd, w, v, win in LOOKBACK_VARIANTS
+            {"method": "lookback", **dict(zip(lookback_fields, v, strict=True))}
+            for v in LOOKBACK_VARIANTS
         ]
         variants += [
-            {
-                "method": "lookback",
-                "block_t": bt,
-                "rows": r,
-                "block_d": bd,
-                "num_warps": w,
-                "vec": v,
-                "window": win,
-                "rescan": True,
-            }
-            for bt, r, bd, w, v, win in RESCAN_VARIANTS
+            {"method": "lookback", "rescan": True, **dict(zip(lookback_fields, v, strict=True))}
+            for v in RESCAN_VARIANTS
         ]
     if "twopass" in methods:
+        fields = ("block_t", "rows", "block_d", "num_warps", "window")
         variants += [
-            {
-                "method": "twopass",
-                "block_t": bt,
-                "rows": r,
-                "block_d": bd,
-                "num_warps": w,
-                "window": win,
-            }
-            for bt, r, bd, w, win in TWOPASS_VARIANTS
+            {"method": "twopass", **dict(zip(fields, v, strict=True))} for v in TWOPASS_VARIANTS
         ]
     if "tiles" in methods:
         variants += [
