@@ -233,6 +233,15 @@ def test_default_method_follows_channel_blocks_and_storage() -> None:
         ValueError, match="vec must be a power of two from 1 to block_d = 64, got 3"
     ):
         launch.plan_scan_diag(enough, 1000, 64, cpu, vec=3)
+    # Look-back tiles are whole runs: powers of two (a larger run sets the tile's length).
+    for method in ("lookback", "twopass"):
+        with pytest.raises(ValueError, match="block_t must be a power of two, got 100"):
+            launch.plan_scan_diag(1, 1000, 64, cpu, method=method, block_t=100, rows=4)
+        with pytest.raises(ValueError, match="rows must be a power of two, got 6"):
+            launch.plan_scan_diag(1, 1000, 64, cpu, method=method, block_t=64, rows=6)
+        assert (
+            launch.plan_scan_diag(1, 1000, 64, cpu, method=method, block_t=8, rows=16).block_t == 16
+        )
 
 
 def test_look_back_tiles_follow_storage_direction_and_channels() -> None:

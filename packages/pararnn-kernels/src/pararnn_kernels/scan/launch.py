@@ -20,7 +20,6 @@ channels, the storage dtype and the direction:
   tiles wait on their chain.
 
 The kernels are imported on first use, so importing this module needs no GPU and compiles nothing.
-The kernels are imported on first use, so importing this module needs no GPU and compiles nothing.
 """
 
 from __future__ import annotations
@@ -111,8 +110,8 @@ class DiagScanPlan:
         window: look-back kernels only: predecessors one look-back round trip looks at, at most
             (a power of two <= 16; 1 walks back one tile per round trip). :func:`plan_scan_diag`
             picks it per method; the field's default is the one-tile walk.
-        vec: ``"chunked"``, ``"lookback"`` and ``"twopass"``: channels per thread, at most (a power of two
-            <= block_d); the rest of a warp's lanes spread along the channels too, so each
+        vec: ``"chunked"``, ``"lookback"`` and ``"twopass"``: channels per thread, at most (a
+            power of two <= block_d); the rest of a warp's lanes spread along the channels, so each
             thread holds whole columns (all of its steps of those channels) and scans them
             sequentially.
         rescan: ``"lookback"`` only: hold the tile's inputs in their storage dtype while the
@@ -167,13 +166,14 @@ def plan_scan_diag(
     * otherwise T has to fill the GPU too, and the look-back kernels split it into tiles.
       4-byte storage with at least :data:`FEW_CHANNELS` channels (``batch * channels``) takes
       ``"tiles"``, 64 steps x 64 channels, 4 warps (75-85 %); with fewer, ``"lookback"`` tiles
-      of 32 steps (16 per thread, two warps) x 64 channels, window 16 (37-75 % against the
-      tiles kernel's 23-64 %). bf16 takes ``"lookback"`` tiles of 64 steps x 64 channels, all
-      64 steps in each thread, one warp, window 4, with ``rescan`` (65-73 % forward where the
-      earlier 32 x 64 tile gave 45 %, 52 % against 31 % with 256 channels); its adjoint with at
-      least :data:`FEW_CHANNELS` channels, and fp16 storage, take 32 x 128 tiles, 32 steps per
-      thread, two warps, window 4, without (60-69 % adjoint, where rescan gave 53-60 %; fp16
-      spills with rescan: the compiler merges the two conversions of its inputs).
+      of 32 steps (16 per thread, two warps) x 64 channels, window 16 (59-72 % at 256-2048
+      channels, where the tiles kernel gave 45-75 %). bf16 takes ``"lookback"`` tiles of 64
+      steps x 64 channels, all 64 steps in each thread, one warp, window 4, with ``rescan``
+      (65-75 % forward where the earlier 32 x 64 tile gave 45 %, 52 % against 31 % with 256
+      channels); its adjoint with at least :data:`FEW_CHANNELS` channels, and fp16 storage,
+      take 32 x 128 tiles, 32 steps per thread, two warps, window 4, without (60-69 % adjoint,
+      where rescan gave 53-60 %; fp16 spills with rescan: the compiler merges the two
+      conversions of its inputs).
 
     ``steps`` is part of the signature for the model; no choice depends on it yet. ``device``
     gives the multiprocessor count (4 for the CPU interpreter). Plans are cached: every scan
@@ -224,7 +224,7 @@ def _plan(
         # 8-step chunks: 124 registers in an sm_90 compile against 222 with 16 (H200: 53 % of
         # copy against 48 % at 64 fp32 channels).
         rows = rows or 8
-        block_t = max(block_t or 512, rows)
+        block_t = _checked_tile(max(block_t or 512, rows), rows)
         block_d = block_d or min(_CHUNKED_BLOCK_D, triton_next_power_of_2(channels))
         window = _checked_window(LOOKBACK_WINDOW if window is None else window)
         return DiagScanPlan(
@@ -240,7 +240,7 @@ def _plan(
             tile = _WIDE_TILE
         block_t = block_t or tile.block_t
         rows = rows or min(tile.rows, block_t)
-        block_t = max(block_t, rows)
+        block_t = _checked_tile(max(block_t, rows), rows)
         block_d = block_d or min(tile.block_d, triton_next_power_of_2(channels))
         window = _checked_window(tile.window if window is None else window)
         # One warp per group of rows and per 64 channels: every warp scans whole columns.
@@ -253,6 +253,15 @@ def _plan(
     block_d = block_d or min(_CHUNKED_BLOCK_D, triton_next_power_of_2(channels))
     block_t = block_t or (16 if channels % ALIGNED_CHANNELS == 0 else 8)
     return DiagScanPlan("chunked", block_t, block_d, num_warps or 1, vec=_vec(vec, block_d, 2))
+
+
+def _checked_tile(block_t: int, rows: int) -> int:
+    """A look-back tile of ``block_t`` steps in runs (or chunks) of ``rows``: both powers of two
+    (the kernels' index ranges), so runs tile it exactly."""
+    for name, value in (("block_t", block_t), ("rows", rows)):
+        if value < 1 or value & (value - 1):
+            raise ValueError(f"{name} must be a power of two, got {value}")
+    return block_t
 
 
 def _checked_window(window: int) -> int:
