@@ -312,6 +312,40 @@ def test_low_precision_storage(
     )
 
 
+# 2-byte tiles of the look-back kernels at interpreter sizes: rescanned runs (bf16 widens by its
+# bit pattern in the first pass, fp16 by conversion), the wide tile, two passes.
+PLANS_LOW_PRECISION: list[dict[str, object]] = [
+    {"method": "lookback", "block_t": 16, "rows": 16, "block_d": 8, "rescan": True},
+    {"method": "lookback", "block_t": 8, "rows": 4, "block_d": 4, "rescan": True,
+     "inclusive_every": 2},
+    {"method": "lookback", "block_t": 8, "rows": 8, "block_d": 8},
+    {"method": "twopass", "block_t": 16, "rows": 4, "block_d": 8},
+]  # fmt: skip
+
+
+@needs_interpreter
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+@pytest.mark.parametrize("steps", [1, 17, 63])
+def test_low_precision_look_back_tiles(
+    dtype: torch.dtype, reverse: bool, steps: int, poisoned: None
+) -> None:
+    """Every 2-byte look-back tile against the float64 loop, forward and every gradient."""
+    jac, rhs, h0 = make_inputs(2, steps, 5, dtype=dtype, device="cpu", with_h0=True)
+    grad_y = torch.randn(2, steps, 5).to(dtype)
+    ref_y, ref_gj, ref_gr, ref_gh = sequential_with_grads(jac, rhs, h0, grad_y, reverse)
+    assert ref_gh is not None
+    for plan in PLANS_LOW_PRECISION:
+        label = f"{dtype} " + " ".join(f"{k}={v}" for k, v in plan.items())
+        y = launch.triton_scan_diag(jac, rhs, h0, reverse=reverse, **plan)
+        assert y.dtype == dtype
+        assert_close(y, ref_y, tol=FORWARD_TOL[dtype], name=f"y {label}")
+        gj, gr, gh = launch.triton_scan_diag_backward(jac, y, h0, grad_y, reverse=reverse, **plan)
+        assert_close(gj, ref_gj, tol=GRAD_TOL[dtype], name=f"grad jac {label}")
+        assert_close(gr, ref_gr, tol=GRAD_TOL[dtype], name=f"grad rhs {label}")
+        assert_close(gh, ref_gh, tol=GRAD_TOL[dtype], name=f"grad h0 {label}")
+
+
 def test_noncontiguous_inputs_and_expanded_gradients(case: Case, poisoned: None) -> None:
     batch, channels = sizes(case)
     steps = 17
