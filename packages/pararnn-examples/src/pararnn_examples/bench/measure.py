@@ -207,7 +207,7 @@ def floor_bytes(
         per_step *= 3
     elif direction != "fwd":
         raise ValueError(f"direction must be 'fwd' or 'fwd_bwd', got {direction!r}")
-    element = torch.empty((), dtype=dtype).element_size()
+    element = dtype.itemsize
     return batch * steps * per_step * element
 
 
@@ -225,5 +225,5 @@ def scan_floor_bytes(batch: int, steps: int, width: int, dtype: torch.dtype, dir
     """
     if direction not in _SCAN_FLOOR_TENSORS:
         raise ValueError(f"direction must be 'fwd' or 'fwd_bwd', got {direction!r}")
-    element = torch.empty((), dtype=dtype).element_size()
+    element = dtype.itemsize
     return _SCAN_FLOOR_TENSORS[direction] * batch * steps * width * element

@@ -349,7 +349,7 @@ def estimate_seconds(
     the bandwidth (``sequential_bw_share``). Newton: ``NEWTON_FIXED_S`` plus the chunks of its
     plan at ``NEWTON_CHUNK_S · newton_work · block_t / 128`` each, per wave, per pass.
     """
-    size = torch.empty((), dtype=dtype).element_size()
+    size = dtype.itemsize
     floor = (len(spec.gates) + spec.k) * batch * steps * channels * size / HBM_BYTES_PER_S
     sms = multiprocessor_count(device)
     seq_block_d = sequential_plan(spec, batch, channels)[0]
