@@ -71,6 +71,16 @@ def _consumed_row(prev_ptr, base, rel, p, mask, T, step_d, h0, HAS_H0: tl.conste
 
 
 @triton.jit
+def _initial_state(h0_ptr, pid_b, D, offs_d, mask_d, HAS_H0: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Batch row ``pid_b``'s h0 on the channels ``offs_d`` as float32 (zero without h0)."""
+    h0 = tl.zeros([BLOCK_D], dtype=tl.float32)
+    if HAS_H0:
+        h0 = tl.load(h0_ptr + pid_b.to(tl.int64) * D + offs_d, mask=mask_d, other=0.0)
+        h0 = h0.to(tl.float32)
+    return h0
+
+
+@triton.jit
 def _load_diag_chunk(
     jac_ptr,
     rhs_ptr,
@@ -146,10 +156,7 @@ def scan_diag_kernel(
     mask_d = offs_d < D
     row_base = pid_b.to(tl.int64) * T * D
 
-    h0 = tl.zeros([BLOCK_D], dtype=tl.float32)
-    if HAS_H0:
-        h0 = tl.load(h0_ptr + pid_b.to(tl.int64) * D + offs_d, mask=mask_d, other=0.0)
-        h0 = h0.to(tl.float32)
+    h0 = _initial_state(h0_ptr, pid_b, D, offs_d, mask_d, HAS_H0, BLOCK_D)
     carry = tl.zeros([BLOCK_D], dtype=tl.float32)
     if not GRAD_JAC:
         carry = h0
@@ -395,10 +402,7 @@ def scan_diag_lookback_kernel(
     # Look-back: the exact state entering this tile.
     flags = flag_ptr + col.to(tl.int64) * tl.cdiv(n_tiles, 16)
     slots = (col.to(tl.int64) * n_tiles) * BLOCK_D + lanes
-    h0 = tl.zeros([BLOCK_D], dtype=tl.float32)
-    if HAS_H0:
-        h0 = tl.load(h0_ptr + pid_b.to(tl.int64) * D + offs_d, mask=mask_d, other=0.0)
-        h0 = h0.to(tl.float32)
+    h0 = _initial_state(h0_ptr, pid_b, D, offs_d, mask_d, HAS_H0, BLOCK_D)
     carry = _entering_state(
         agg_a_ptr, agg_b_ptr, incl_ptr, flags, slots, tile, tile_a, tile_b, h0,
         HAS_H0, GRAD_JAC, BLOCK_D, WINDOW,
@@ -484,14 +488,14 @@ def scan_diag_twopass_kernel(
     REVERSE: tl.constexpr,
     SHIFT: tl.constexpr,
     GRAD_JAC: tl.constexpr,
+    BLOCK_T: tl.constexpr,
     ROWS: tl.constexpr,
-    CHUNKS: tl.constexpr,
     BLOCK_D: tl.constexpr,
     INCLUSIVE_EVERY: tl.constexpr,
     WINDOW: tl.constexpr,
     VEC: tl.constexpr,
 ):
-    """Grid (n_tiles * B * n_cols_d,): one program per tile of CHUNKS * ROWS steps, in ticket
+    """Grid (n_tiles * B * n_cols_d,): one program per tile of BLOCK_T steps, in ticket
     order, arguments as for scan_diag_lookback_kernel.
 
     The tile is read twice and held never: a first pass streams it in chunks of ROWS steps and
@@ -506,8 +510,8 @@ def scan_diag_twopass_kernel(
     lanes = tl.arange(0, BLOCK_D)
     mask_d = offs_d < D
     row_base = pid_b.to(tl.int64) * T * D
-    p_start = tile * (CHUNKS * ROWS)
-    p_end = tl.minimum(p_start + CHUNKS * ROWS, T)
+    p_start = tile * BLOCK_T
+    p_end = tl.minimum(p_start + BLOCK_T, T)
 
     tile_a, tile_b = _segment_total(
         jac_ptr, rhs_ptr, row_base, p_start, p_end, T, D, offs_d, mask_d, REVERSE, SHIFT, ROWS
@@ -515,10 +519,7 @@ def scan_diag_twopass_kernel(
 
     flags = flag_ptr + col.to(tl.int64) * tl.cdiv(n_tiles, 16)
     slots = (col.to(tl.int64) * n_tiles) * BLOCK_D + lanes
-    h0 = tl.zeros([BLOCK_D], dtype=tl.float32)
-    if HAS_H0:
-        h0 = tl.load(h0_ptr + pid_b.to(tl.int64) * D + offs_d, mask=mask_d, other=0.0)
-        h0 = h0.to(tl.float32)
+    h0 = _initial_state(h0_ptr, pid_b, D, offs_d, mask_d, HAS_H0, BLOCK_D)
     carry = _entering_state(
         agg_a_ptr, agg_b_ptr, incl_ptr, flags, slots, tile, tile_a, tile_b, h0,
         HAS_H0, GRAD_JAC, BLOCK_D, WINDOW,
@@ -617,10 +618,7 @@ def scan_diag_tiles_kernel(
     a, b, mask = _load_tile_row(
         jac_ptr, rhs_ptr, base, rel, p0 + rows, rows < T - p0, mask_d, step * D, SHIFT
     )
-    h0 = tl.zeros([BLOCK_D], dtype=tl.float32)
-    if HAS_H0:
-        h0 = tl.load(h0_ptr + pid_b.to(tl.int64) * D + offs_d, mask=mask_d, other=0.0)
-        h0 = h0.to(tl.float32)
+    h0 = _initial_state(h0_ptr, pid_b, D, offs_d, mask_d, HAS_H0, BLOCK_D)
     if GRAD_JAC:
         prev = _consumed_row(prev_ptr, base, rel, p0 + rows, mask, T, step * D, h0, HAS_H0)
     prod, acc = tl.associative_scan((a, b), 0, _combine_diag)

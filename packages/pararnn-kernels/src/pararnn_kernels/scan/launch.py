@@ -175,12 +175,13 @@ def plan_scan_diag(
       where rescan gave 53-60 %; fp16 spills with rescan: the compiler merges the two
       conversions of its inputs).
 
-    ``steps`` is part of the signature for the model; no choice depends on it yet. ``device``
-    gives the multiprocessor count (4 for the CPU interpreter). Plans are cached: every scan
-    call asks for one, and building it costs more host time than the lookup.
+    ``steps`` is part of the signature for the model; no choice depends on it yet (nor does the
+    cache key, so sequences of every length share a plan). ``device`` gives the multiprocessor
+    count (4 for the CPU interpreter). Plans are cached: every scan call asks for one, and
+    building it costs more host time than the lookup.
     """
     return _plan(
-        batch, steps, channels, multiprocessor_count(device), dtype, adjoint, method, block_t,
+        batch, channels, multiprocessor_count(device), dtype, adjoint, method, block_t,
         block_d, num_warps, rows, inclusive_every, window, vec, rescan,
     )  # fmt: skip
 
@@ -188,7 +189,6 @@ def plan_scan_diag(
 @functools.lru_cache(maxsize=4096)
 def _plan(
     batch: int,
-    steps: int,
     channels: int,
     multiprocessors: int,
     dtype: torch.dtype,
@@ -352,7 +352,7 @@ def _launch_diag_lookback(
         shape = {"BLOCK_T": plan.block_t}
     elif plan.method == "twopass":
         kernel = _kernels().scan_diag_twopass_kernel
-        shape = {"ROWS": plan.rows, "CHUNKS": plan.block_t // plan.rows, "VEC": plan.vec}
+        shape = {"BLOCK_T": plan.block_t, "ROWS": plan.rows, "VEC": plan.vec}
     else:
         kernel = _kernels().scan_diag_lookback_kernel
         shape = {
