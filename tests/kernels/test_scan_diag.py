@@ -368,6 +368,30 @@ def test_noncontiguous_inputs_and_expanded_gradients(case: Case, poisoned: None)
     assert_close(leaves[2].grad, ref_gh, tol=1e-5, name="grad h0")
 
 
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+def test_h0_without_gradient_and_inputs_without_any(
+    case: Case, reverse: bool, poisoned: None
+) -> None:
+    """An h0 that needs no gradient gets none (the Triton backward then skips its adjoint), and
+    inputs that need none give states without a graph (no autograd function at all)."""
+    batch, channels = sizes(case)
+    jac, rhs, h0 = make_inputs(batch, 17, channels, dtype=torch.float32, device=case.device,
+                               with_h0=True)  # fmt: skip
+    assert h0 is not None
+    grad_y = torch.randn_like(rhs)
+    ref_y, ref_gj, ref_gr, _ = sequential_with_grads(jac, rhs, h0, grad_y, reverse)
+    plain = scan_diag(jac, rhs, h0, reverse=reverse, backend=case.backend)
+    assert plain.grad_fn is None and not plain.requires_grad
+    assert_close(plain, ref_y, tol=1e-5, name="y without grad")
+    leaves = [t.clone().requires_grad_() for t in (jac, rhs)]
+    y = scan_diag(leaves[0], leaves[1], h0, reverse=reverse, backend=case.backend)
+    y.backward(grad_y)
+    assert h0.grad is None
+    assert_close(y, ref_y, tol=1e-5, name="y")
+    assert_close(leaves[0].grad, ref_gj, tol=1e-5, name="grad jac")
+    assert_close(leaves[1].grad, ref_gr, tol=1e-5, name="grad rhs")
+
+
 def test_gradcheck_float64() -> None:
     jac, rhs, h0 = make_inputs(2, 9, 3, dtype=torch.float64, device="cpu", with_h0=True)
     assert h0 is not None

@@ -276,6 +276,16 @@ def _walk_back(
 
 
 @triton.jit
+def _scratch(scratch_ptr, flag_ptr, BLOCK_D: tl.constexpr):
+    """The look-back's scratch as ``(agg_a, agg_b, incl, flags, ticket)`` pointers: scratch_ptr
+    holds three ``[n_tiles * B * n_cols_d, BLOCK_D]`` float32 slabs (published monoids and
+    inclusive states, any contents; one program per tile, so the grid gives the slab size),
+    flag_ptr the ticket counter and then the tile state words (int32 zeros)."""
+    slab = tl.num_programs(0).to(tl.int64) * BLOCK_D
+    return scratch_ptr, scratch_ptr + slab, scratch_ptr + 2 * slab, flag_ptr + 1, flag_ptr
+
+
+@triton.jit
 def _take_tile(ticket_ptr, n_tiles, n_cols_d):
     """This program's tile, handed out in ticket order: ``(tile, column, batch row, channel
     block)``, columns (batch row, channel block) fastest."""
@@ -322,11 +332,8 @@ def scan_diag_lookback_kernel(
     out_ptr,
     prev_ptr,
     grad_jac_ptr,
-    agg_a_ptr,
-    agg_b_ptr,
-    incl_ptr,
+    scratch_ptr,
     flag_ptr,
-    ticket_ptr,
     T,
     D,
     n_cols_d,
@@ -348,13 +355,15 @@ def scan_diag_lookback_kernel(
     Forward (GRAD_JAC=False): the first tile starts from h0 when HAS_H0, else zero.
     Adjoint (SHIFT=GRAD_JAC=True): the first tile starts from zero; h0 is the original
     recurrence's initial state, used for ∂L/∂jac at the boundary.
-    agg_a_ptr, agg_b_ptr, incl_ptr: ``[B * n_cols_d, n_tiles, BLOCK_D]`` float32 (any contents);
-    flag_ptr: ``[B * n_cols_d, cdiv(n_tiles, 16)]`` int32 zeros, two state bits per tile (tile j
-    in word j // 16, bits 2 (j % 16) and up); ticket_ptr: one int32 zero.
+    scratch_ptr: ``[3, B * n_cols_d, n_tiles, BLOCK_D]`` float32 (any contents): the published
+    tile monoids (two slabs) and inclusive states; flag_ptr: ``1 + B * n_cols_d * cdiv(n_tiles,
+    16)`` int32 zeros, the ticket counter and then two state bits per tile (tile j of a column
+    in word j // 16, bits 2 (j % 16) and up).
     RESCAN: hold the tile's inputs in their storage dtype across the look-back and scan them a
     second time from the entering states (instead of holding the float32 scan): half the
     registers per element for 2-byte storage, so a thread can hold twice the steps.
     """
+    agg_a_ptr, agg_b_ptr, incl_ptr, flag_ptr, ticket_ptr = _scratch(scratch_ptr, flag_ptr, BLOCK_D)
     tile, col, pid_b, pid_d = _take_tile(ticket_ptr, n_tiles, n_cols_d)
     offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
     lanes = tl.arange(0, BLOCK_D)
@@ -475,11 +484,8 @@ def scan_diag_twopass_kernel(
     out_ptr,
     prev_ptr,
     grad_jac_ptr,
-    agg_a_ptr,
-    agg_b_ptr,
-    incl_ptr,
+    scratch_ptr,
     flag_ptr,
-    ticket_ptr,
     T,
     D,
     n_cols_d,
@@ -505,6 +511,7 @@ def scan_diag_twopass_kernel(
     long and the look-back chain short: for few channels, where the one-pass tiles wait on
     their chain.
     """
+    agg_a_ptr, agg_b_ptr, incl_ptr, flag_ptr, ticket_ptr = _scratch(scratch_ptr, flag_ptr, BLOCK_D)
     tile, col, pid_b, pid_d = _take_tile(ticket_ptr, n_tiles, n_cols_d)
     offs_d = tl.max_contiguous(pid_d * BLOCK_D + tl.arange(0, BLOCK_D), VEC)
     lanes = tl.arange(0, BLOCK_D)
@@ -579,11 +586,8 @@ def scan_diag_tiles_kernel(
     out_ptr,
     prev_ptr,
     grad_jac_ptr,
-    agg_a_ptr,
-    agg_b_ptr,
-    incl_ptr,
+    scratch_ptr,
     flag_ptr,
-    ticket_ptr,
     T,
     D,
     n_cols_d,
@@ -601,6 +605,7 @@ def scan_diag_tiles_kernel(
 
     Arguments as for scan_diag_lookback_kernel.
     """
+    agg_a_ptr, agg_b_ptr, incl_ptr, flag_ptr, ticket_ptr = _scratch(scratch_ptr, flag_ptr, BLOCK_D)
     tile, col, pid_b, pid_d = _take_tile(ticket_ptr, n_tiles, n_cols_d)
     offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
     lanes = tl.arange(0, BLOCK_D)

@@ -47,6 +47,7 @@ __all__ = [
     "triton_scan_block_diag",
     "triton_scan_block_diag_backward",
     "triton_scan_diag",
+    "triton_scan_diag_adjoint",
     "triton_scan_diag_backward",
 ]
 
@@ -341,12 +342,12 @@ def _launch_diag_lookback(
     n_tiles = math.ceil(steps / plan.block_t)
     n_cols = batch * n_cols_d
     dev = rhs.device
-    # Published tile monoids (Π a, state from zero) and inclusive states; the tile states (two
-    # bits per tile) and the ticket counter must start at zero, the monoids need no
-    # initialisation.
-    monoids = torch.empty(3, n_cols, n_tiles, plan.block_d, device=dev, dtype=torch.float32)
+    # Published tile monoids (Π a, state from zero) and inclusive states, which need no
+    # initialisation; the ticket counter and the tile states (two bits per tile) start at zero.
+    # One buffer each, sliced inside the kernels (views cost host time at every call).
+    scratch = torch.empty(3 * n_cols * n_tiles * plan.block_d, device=dev, dtype=torch.float32)
     words = math.ceil(n_tiles / _TILES_PER_WORD)
-    flags = torch.zeros(n_cols * words + 1, device=dev, dtype=torch.int32)
+    flags = torch.zeros(1 + n_cols * words, device=dev, dtype=torch.int32)
     if plan.method == "tiles":
         kernel = _kernels().scan_diag_tiles_kernel
         shape = {"BLOCK_T": plan.block_t}
@@ -368,11 +369,8 @@ def _launch_diag_lookback(
         out,
         prev if prev is not None else out,
         grad_jac if grad_jac is not None else out,
-        monoids[0],
-        monoids[1],
-        monoids[2],
+        scratch,
         flags,
-        flags[-1:],
         steps,
         channels,
         n_cols_d,
@@ -428,8 +426,30 @@ def triton_scan_diag_backward(
     One fused pass in the other direction reads jac, y and grad_y and writes both ``[B, T, D]``
     gradients (the formula is in
     :func:`pararnn_kernels.scan.reference.reference_scan_diag_backward`). ``∂L/∂h0`` ``[B, D]``
-    is returned even when h0 is None. ``overrides`` as for :func:`triton_scan_diag`.
+    is returned even when h0 is None (:func:`triton_scan_diag_adjoint` can skip it).
+    ``overrides`` as for :func:`triton_scan_diag`.
     """
+    grad_jac, grad_rhs = triton_scan_diag_adjoint(jac, y, h0, grad_y, reverse=reverse, **overrides)
+    return grad_jac, grad_rhs, _grad_h0(jac, grad_rhs, reverse)
+
+
+def _grad_h0(jac: Tensor, grad_rhs: Tensor, reverse: bool) -> Tensor:
+    # ∂L/∂h0 = a at the first processing position times the adjoint there.
+    first = grad_rhs.shape[1] - 1 if reverse else 0
+    return (jac[:, first].float() * grad_rhs[:, first].float()).to(grad_rhs.dtype)
+
+
+def triton_scan_diag_adjoint(
+    jac: Tensor,
+    y: Tensor,
+    h0: Tensor | None,
+    grad_y: Tensor,
+    *,
+    reverse: bool,
+    **overrides: Any,
+) -> tuple[Tensor, Tensor]:
+    """``(∂L/∂jac, ∂L/∂rhs)`` of :func:`triton_scan_diag_backward` without ``∂L/∂h0`` (four
+    small tensor ops of host time, spared when there is no h0 to differentiate)."""
     batch, steps, channels = y.shape
     plan = plan_scan_diag(
         batch, steps, channels, y.device, dtype=y.dtype, adjoint=True, **overrides
@@ -439,9 +459,7 @@ def triton_scan_diag_backward(
     _launcher(plan)(
         jac, grad_y, h0, grad_rhs, plan, reverse=not reverse, shift=True, prev=y, grad_jac=grad_jac
     )
-    first = steps - 1 if reverse else 0
-    grad_h0 = (jac[:, first].float() * grad_rhs[:, first].float()).to(y.dtype)
-    return grad_jac, grad_rhs, grad_h0
+    return grad_jac, grad_rhs
 
 
 def _block_plan(channels: int, k: int) -> tuple[int, int]:

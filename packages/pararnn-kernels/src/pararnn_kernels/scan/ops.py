@@ -147,7 +147,8 @@ class _EagerTritonScan(torch.autograd.Function):
     registered ops, without the dispatcher's round trips (the op's autograd wrapper, its
     redispatch and the higher-order op cost about 0.3-0.4 ms of host time per forward and
     backward on the H200's host, more than the kernels themselves up to B·T·D = 2^25). Like the
-    registered ops, differentiable once."""
+    registered ops, differentiable once. ``adjoint_fn`` (or None) is the backward launcher
+    without ``∂L/∂h0``, used when h0 needs no gradient."""
 
     @staticmethod
     def forward(
@@ -158,30 +159,46 @@ class _EagerTritonScan(torch.autograd.Function):
         reverse: bool,
         forward_fn: Any,
         backward_fn: Any,
+        adjoint_fn: Any,
     ) -> Tensor:
         y: Tensor = forward_fn(jac, rhs, h0, reverse=reverse)
         _setup_context(ctx, (jac, rhs, h0, reverse), y)
-        ctx.adjoint = _make_backward(backward_fn)
+        ctx.backward_fn = backward_fn
+        ctx.adjoint_fn = adjoint_fn
         return y
 
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad_y: Tensor) -> tuple[Tensor | None, ...]:
-        # The registered ops' adjoint, plus no gradient for the two launcher arguments.
-        grads: tuple[Tensor | None, ...] = ctx.adjoint(ctx, grad_y)
-        return (*grads, None, None)
+        jac, h0, y = ctx.saved_tensors
+        # Upstream gradients may be expanded (stride 0) or otherwise strided.
+        grad_y = grad_y.contiguous()
+        grad_h0: Tensor | None = None
+        if ctx.needs_input_grad[2] or ctx.adjoint_fn is None:
+            grad_jac, grad_rhs, grad_h0 = ctx.backward_fn(jac, y, h0, grad_y, reverse=ctx.reverse)
+        else:
+            grad_jac, grad_rhs = ctx.adjoint_fn(jac, y, h0, grad_y, reverse=ctx.reverse)
+        # No gradient for reverse and the three launchers.
+        return grad_jac, grad_rhs, (grad_h0 if ctx.has_h0 else None), None, None, None, None
 
 
 def _triton_scan(
-    op: Any, forward_fn: Any, backward_fn: Any, jac: Tensor, rhs: Tensor, h0: Tensor | None,
-    reverse: bool,
+    op: Any, forward_fn: Any, backward_fn: Any, adjoint_fn: Any, jac: Tensor, rhs: Tensor,
+    h0: Tensor | None, reverse: bool,
 ) -> Tensor:  # fmt: skip
-    """The lean autograd function in plain eager mode, the registered op otherwise (while
-    ``torch.compile`` or any dispatch mode traces)."""
+    """The registered op while ``torch.compile`` or any dispatch mode traces; in plain eager
+    mode the lean autograd function, or the launcher alone when no input needs a gradient."""
     if not plain_eager():
         traced: Tensor = op(jac, rhs, h0, reverse)
         return traced
-    result: Tensor = _EagerTritonScan.apply(jac, rhs, h0, reverse, forward_fn, backward_fn)
+    if not torch.is_grad_enabled() or not (
+        jac.requires_grad or rhs.requires_grad or (h0 is not None and h0.requires_grad)
+    ):
+        untracked: Tensor = forward_fn(jac, rhs, h0, reverse=reverse)
+        return untracked
+    result: Tensor = _EagerTritonScan.apply(
+        jac, rhs, h0, reverse, forward_fn, backward_fn, adjoint_fn
+    )
     return result
 
 
@@ -281,7 +298,11 @@ def scan_diag(
     args = (jac_t.contiguous(), rhs_t.contiguous(), _contiguous(h0_t), reverse)
     if resolved == "triton":
         return _triton_scan(
-            _scan_diag_triton, launch.triton_scan_diag, launch.triton_scan_diag_backward, *args
+            _scan_diag_triton,
+            launch.triton_scan_diag,
+            launch.triton_scan_diag_backward,
+            launch.triton_scan_diag_adjoint,
+            *args,
         )
     result: Tensor = _scan_diag_eager(*args)
     return result
@@ -333,6 +354,7 @@ def scan_block_diag(
             _scan_block_diag_triton,
             launch.triton_scan_block_diag,
             launch.triton_scan_block_diag_backward,
+            None,
             *args,
         )
     result: Tensor = _scan_block_diag_eager(*args)
