@@ -1,12 +1,18 @@
-"""How the launchers launch a Triton kernel: through ``torch.library.wrap_triton`` or directly."""
+"""How the launchers launch a Triton kernel: through ``torch.library.wrap_triton``, directly, or
+by relaunching the kernel Triton compiled for the same kind of arguments before."""
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import torch
+from torch import Tensor
 from torch._library.triton import wrap_triton as _torch_wrap_triton
 from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+from .dispatch import triton_interpret_mode
 
 __all__ = ["launchable", "plain_eager"]
 
@@ -23,15 +29,118 @@ def launchable(kernel: Any) -> Any:
 
     ``torch.library.wrap_triton``'s wrapper launches through a higher-order op, which tracing
     (``torch.compile``, fake tensors) needs; in plain eager mode that dispatch costs more host
-    time than a whole kernel at moderate sizes, so there the kernel is launched itself, without
-    even building the wrapper (about 15 µs of host time per launch). Whoever replaces
-    ``torch.library.wrap_triton`` (the sm_90 compile check of the tests records launches that
-    way) is still asked for every launch.
+    time than a whole kernel at moderate sizes, so there the kernel is launched without it
+    (without even building the wrapper, about 15 µs of host time per launch), through
+    :class:`_Relauncher` when Triton compiles it. Whoever replaces ``torch.library.wrap_triton``
+    (the sm_90 compile check of the tests records launches that way) is still asked for every
+    launch.
     """
     eager = plain_eager()
     if torch.library.wrap_triton is _torch_wrap_triton and eager:
-        return kernel
+        return _direct(kernel)
     wrapped = torch.library.wrap_triton(kernel)
     if getattr(wrapped, "kernel", None) is kernel and eager:
-        return kernel
+        return _direct(kernel)
     return wrapped
+
+
+def _direct(kernel: Any) -> Any:
+    jit_function = _jit_function_type()
+    if jit_function is None or not isinstance(kernel, jit_function) or triton_interpret_mode():
+        return kernel
+    return _relauncher(kernel)
+
+
+@functools.cache
+def _jit_function_type() -> type | None:
+    # Looked up on first launch, not at import: importing this module needs no Triton.
+    try:
+        from triton.runtime.jit import JITFunction
+    except ImportError:  # pragma: no cover - Triton is a dependency on Linux
+        return None
+    jit_function: type = JITFunction
+    return jit_function
+
+
+@functools.cache
+def _relauncher(kernel: Any) -> _Relauncher:
+    return _Relauncher(kernel)
+
+
+class _Relauncher:
+    """``kernel[grid](*args, **kwargs)`` with less host time per launch.
+
+    ``JITFunction.run`` binds every argument, derives Triton's specialization of each (dtype,
+    16-byte alignment of pointers, integers divisible by 16, integer width) and builds a cache
+    key from them at every launch: about half of a small scan call's launcher time on the
+    H200's host. Here the first launch of a kind of arguments goes through Triton as usual and
+    the compiled kernel it returns is kept under a key that separates at least what Triton's
+    specialization separates (each tensor's dtype and ``data_ptr() % 16 == 0``; each integer's
+    ``% 16 == 0``, ``== 1`` and width; bools by value; every keyword argument by value, which
+    covers the constexprs and launch options); later launches with the same key go to the
+    compiled kernel directly (``CompiledKernel[grid](*all_arguments)``, what Triton's own launch
+    ends in). Arguments of any other kind, or keyword arguments that are not hashable or hold a
+    tensor, always take Triton's path.
+    """
+
+    def __init__(self, kernel: Any) -> None:
+        self.kernel = kernel
+        self.names: tuple[str, ...] = tuple(kernel.arg_names)
+        self.compiled: dict[Hashable, Any] = {}
+
+    def __getitem__(self, grid: Sequence[int]) -> Callable[..., None]:
+        return functools.partial(self.launch, grid)
+
+    def launch(self, grid: Sequence[int], *args: Any, **kwargs: Any) -> None:
+        key = None if callable(grid) else _launch_key(args, kwargs)
+        compiled = None if key is None else self.compiled.get(key)
+        if compiled is not None:
+            # Every parameter in signature order, constexprs included, as Triton's launch
+            # passes them (its launcher skips the constexprs); a parameter left to its default
+            # takes Triton's path.
+            try:
+                bound = (*args, *(kwargs[name] for name in self.names[len(args) :]))
+            except KeyError:
+                compiled = None
+        if compiled is None:
+            compiled = self.kernel[grid](*args, **kwargs)
+            if key is not None and _relaunchable(compiled):
+                self.compiled[key] = compiled
+            return
+        # The compiled kernel's launch takes a full three-dimensional grid.
+        compiled[(*grid, 1, 1)[:3]](*bound)
+
+
+def _relaunchable(compiled: Any) -> bool:
+    return callable(getattr(compiled, "__getitem__", None)) and hasattr(compiled, "function")
+
+
+_INT32 = (-(2**31), 2**31 - 1)
+_INT64 = (-(2**63), 2**63 - 1)
+
+
+def _launch_key(args: Sequence[Any], kwargs: dict[str, Any]) -> Hashable | None:
+    """A key that separates every two launches Triton would compile differently, or None."""
+    spec: list[Hashable] = [torch.cuda.current_device()]
+    for arg in args:
+        if isinstance(arg, Tensor):
+            spec.append((arg.dtype, arg.data_ptr() % 16 == 0))
+        elif isinstance(arg, bool):
+            spec.append(("b", arg))
+        elif isinstance(arg, int):
+            width = (
+                0 if _INT32[0] <= arg <= _INT32[1] else 1 if _INT64[0] <= arg <= _INT64[1] else 2
+            )
+            spec.append(("i", arg % 16 == 0, arg == 1, width))
+        elif isinstance(arg, float):
+            spec.append("f")
+        else:
+            return None
+    options = tuple(kwargs.items())
+    try:
+        hash(options)
+    except TypeError:
+        return None
+    if any(isinstance(value, Tensor) for value in kwargs.values()):
+        return None
+    return (tuple(spec), options)
