@@ -40,6 +40,7 @@ from pararnn_examples.bench import (
     write_results,
 )
 from pararnn_examples.bench.cli import main
+from pararnn_examples.bench.measure import set_tf32
 
 SHAPES = (Shape(1, 8, 4), Shape(1, 16, 4))  # one sequence: half the interpreter's programs
 BUILTIN = ("newton_fused", "newton_unfused", "sequential_fused", "sequential_eager", "cudnn")
@@ -285,10 +286,27 @@ def test_cli_help_lists_every_option(capsys: pytest.CaptureFixture[str]) -> None
     text = capsys.readouterr().out
     for option in ("--out", "--quick", "--device", "--cells", "--methods", "--batch", "--width",
                    "--steps", "--shape", "--dtype", "--scopes", "--max-seq-steps", "--repeats",
-                   "--warmup", "--no-plot"):  # fmt: skip
+                   "--warmup", "--no-plot", "--tf32"):  # fmt: skip
         assert option in text
     for name in BUILTIN:
         assert name in text
+
+
+def test_tf32_modes_set_cudnn_and_matmul_alike() -> None:
+    # The flags are process-wide (torch.backends' modules refuse monkeypatch): restored below.
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = False, True
+        set_tf32("default")  # PyTorch's settings stay
+        assert not torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+        set_tf32("on")
+        assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+        set_tf32("off")
+        assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
+        with pytest.raises(ValueError, match="tf32 mode must be one of"):
+            set_tf32("maybe")
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
 def test_cli_rejects_bad_options(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -296,6 +314,7 @@ def test_cli_rejects_bad_options(capsys: pytest.CaptureFixture[str], tmp_path: P
         (["--shape", "1x2"], "shape must be 'BxTxD'"),
         (["--batch", "0"], "argument --batch: expected a positive integer, got '0'"),
         (["--methods", "nope"], "argument --methods: invalid choice: 'nope'"),
+        (["--tf32", "maybe"], "argument --tf32: invalid choice: 'maybe'"),
     ):
         with pytest.raises(SystemExit) as exit_info:
             main(["--out", str(tmp_path), *argv])

@@ -51,6 +51,7 @@ from .cases import (
     parse_shape,
 )
 from .harness import BenchRecord, BenchResult, progress_line, run_bench
+from .measure import TF32_MODES, set_tf32
 from .registry import get_method, method_names
 from .report import (
     PLOT_NAME,
@@ -261,6 +262,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="buffer size of the copy-bandwidth measurement (default 4096 MiB "
         "on CUDA, 64 on the CPU; --quick on the CPU 16)",
     )
+    parser.add_argument(
+        "--tf32",
+        choices=TF32_MODES,
+        default="default",
+        help="fp32 multiplies: 'default' keeps PyTorch's settings (cuDNN in TF32, matmuls in "
+        "fp32), 'off' runs every method in fp32, 'on' every method in TF32 (cuDNN and the "
+        "input projections); the settings are recorded with the results",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of parameters and inputs")
     parser.add_argument("--no-plot", action="store_true", help="do not draw the plot")
     parser.add_argument(
@@ -358,6 +367,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = config_from_args(args)
     except ValueError as err:
         parser.error(str(err))
+    set_tf32(args.tf32)
     args.out.mkdir(parents=True, exist_ok=True)
     partial = args.out / "bench.records.jsonl"
     with partial.open("w") as log:

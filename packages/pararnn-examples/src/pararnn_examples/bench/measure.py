@@ -35,17 +35,37 @@ from torch import Tensor
 import pararnn_core as pc
 
 __all__ = [
+    "TF32_MODES",
     "Timing",
     "copy_bandwidth",
     "floor_bytes",
     "l2_flush_buffer",
     "measure",
     "scan_floor_bytes",
+    "set_tf32",
     "time_call_ms",
 ]
 
 #: Larger than the L2 cache of any current GPU (H200: 50 MiB).
 L2_FLUSH_BYTES: Final = 256 * 2**20
+#: ``--tf32`` choices: PyTorch's own settings, or every fp32 multiply in fp32 / in TF32.
+TF32_MODES: Final = ("default", "off", "on")
+
+
+def set_tf32(mode: str) -> None:
+    """Apply a :data:`TF32_MODES` choice to the process: ``"default"`` leaves PyTorch's settings
+    (``torch.backends.cudnn.allow_tf32`` on, ``torch.backends.cuda.matmul.allow_tf32`` off), so
+    cuDNN's fp32 RNNs multiply in TF32 and the input projections in fp32; ``"off"`` and
+    ``"on"`` set both, so every method multiplies alike.
+
+    Raises:
+        ValueError: ``mode`` is not one of :data:`TF32_MODES`.
+    """
+    if mode not in TF32_MODES:
+        raise ValueError(f"tf32 mode must be one of {TF32_MODES}, got {mode!r}")
+    if mode != "default":
+        torch.backends.cuda.matmul.allow_tf32 = mode == "on"
+        torch.backends.cudnn.allow_tf32 = mode == "on"
 
 
 @dataclass(frozen=True)

@@ -125,6 +125,8 @@ def _pararnn_runner(
         out = cell.output(states) if layer else states
         torch.autograd.backward(out, cotangent)
 
+    # The layer scope's input projection is a matmul: in TF32 under --tf32 on.
+    tf32 = layer and case.dtype == "fp32" and bool(torch.backends.cuda.matmul.allow_tf32)
     return Runner(
         forward=forward,
         forward_backward=forward_backward,
@@ -132,6 +134,7 @@ def _pararnn_runner(
         reference_key="pararnn_states",
         stats=lambda: last[0],
         compiles=compiles,
+        tolerance=_TF32_TOLERANCE if tf32 else None,
     )
 
 
