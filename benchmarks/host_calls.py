@@ -23,25 +23,26 @@ import torch
 
 import pararnn_core as pc
 import pararnn_kernels
+from pararnn_examples.bench import Shape
+from pararnn_examples.bench.measure import l2_flush_buffer, time_call_ms
 from pararnn_kernels import scan_diag
 
-FLUSH_BYTES = 256 * 2**20
+LAYER_SHAPE = Shape(8, 4096, 256)
 
 
-def timed(fn: Callable[[], object], flush: torch.Tensor, calls: int = 30) -> tuple[float, float]:
-    """Median ms per synchronized call and median host ms, as ``pararnn-bench`` times a call."""
-    synced, host = [], []
-    for _ in range(calls):
-        flush.zero_()
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record()
+def timed(
+    fn: Callable[[], object], dev: torch.device, flush: torch.Tensor | None, calls: int = 30
+) -> tuple[float, float]:
+    """Median ms per call as ``pararnn-bench`` times it (``time_call_ms``: flush, CUDA events,
+    synchronize) and the median host ms of the call itself."""
+    host: list[float] = []
+
+    def call() -> None:
         t0 = time.perf_counter()
         fn()
         host.append((time.perf_counter() - t0) * 1e3)
-        end.record()
-        end.synchronize()
-        synced.append(start.elapsed_time(end))
+
+    synced = [time_call_ms(call, dev, flush) for _ in range(calls)]
     return statistics.median(synced), statistics.median(host)
 
 
@@ -64,10 +65,15 @@ def scan_calls(dtype: torch.dtype, dev: torch.device) -> list[tuple[str, Callabl
     return [(f"{name} fwd, no_grad", forward), (f"{name} fwd+bwd", forward_backward)]
 
 
-def layer_calls(dev: torch.device) -> list[tuple[str, Callable[[], None]]]:
-    cell = pc.ParaGRU(256, 256).to(dev)
-    x = torch.randn(8, 4096, 256, device=dev, requires_grad=True)
-    cotangent = torch.randn(8, 4096, 256, device=dev)
+def gru_layer_calls(
+    dev: torch.device, shape: Shape = LAYER_SHAPE
+) -> tuple[Callable[[], None], Callable[[], None]]:
+    """A fp32 ParaGRU layer (``scan_backend="fused"``) on ``[B, T, d]`` inputs: its forward under
+    ``no_grad`` and its forward+backward (``profile_layer.py`` profiles the latter)."""
+    batch, steps, width = shape
+    cell = pc.ParaGRU(width, width).to(dev)
+    x = torch.randn(batch, steps, width, device=dev, requires_grad=True)
+    cotangent = torch.randn(batch, steps, width, device=dev)
     config = pc.NewtonConfig(scan_backend="fused")
     params = list(cell.parameters())
 
@@ -82,8 +88,7 @@ def layer_calls(dev: torch.device) -> list[tuple[str, Callable[[], None]]]:
         states, _ = pc.newton_apply(cell, x, config=config)
         torch.autograd.backward(cell.output(states), cotangent)
 
-    name = "ParaGRU layer fp32 (8, 4096, 256)"
-    return [(f"{name} fwd, no_grad", forward), (f"{name} fwd+bwd", forward_backward)]
+    return forward, forward_backward
 
 
 def main() -> None:
@@ -92,17 +97,20 @@ def main() -> None:
     dev = torch.device("cuda")
     torch.manual_seed(0)
     print(f"pararnn_kernels from {pararnn_kernels.__file__}", flush=True)
-    flush = torch.empty(FLUSH_BYTES // 4, device=dev)
+    flush = l2_flush_buffer(dev)
+    scans = [*scan_calls(torch.float32, dev), *scan_calls(torch.bfloat16, dev)]
+    layer_forward, layer_forward_backward = gru_layer_calls(dev)
+    layer = f"ParaGRU layer fp32 {tuple(LAYER_SHAPE)}"
     calls = [
-        *scan_calls(torch.float32, dev),
-        *scan_calls(torch.bfloat16, dev),
-        *layer_calls(dev),
+        *scans,
+        (f"{layer} fwd, no_grad", layer_forward),
+        (f"{layer} fwd+bwd", layer_forward_backward),
     ]
     for name, fn in calls:
         for _ in range(5):
             fn()
         torch.cuda.synchronize()
-        ms, host_ms = timed(fn, flush)
+        ms, host_ms = timed(fn, dev, flush)
         print(f"{name}: {ms:.3f} ms per synced call, host {host_ms:.3f} ms", flush=True)
 
 

@@ -16,12 +16,12 @@ import tempfile
 from pathlib import Path
 
 import torch
+from host_calls import gru_layer_calls  # the same layer and calls, from this folder
 from torch.profiler import ProfilerActivity, profile
 
-import pararnn_core as pc
 from pararnn_examples.bench import Shape, parse_shape
+from pararnn_examples.bench.measure import l2_flush_buffer
 
-FLUSH_BYTES = 256 * 2**20
 _GPU_EVENTS = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
@@ -33,21 +33,10 @@ def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("profile_layer.py needs a CUDA GPU")
     dev = torch.device("cuda")
-    batch, steps, width = args.shape
     torch.manual_seed(0)
-    cell = pc.ParaGRU(width, width).to(dev)
-    x = torch.randn(batch, steps, width, device=dev, requires_grad=True)
-    cotangent = torch.randn(batch, steps, width, device=dev)
-    config = pc.NewtonConfig(scan_backend="fused")
-    params = list(cell.parameters())
-    flush = torch.empty(FLUSH_BYTES // 4, device=dev)
-
-    def forward_backward() -> None:
-        for p in params:
-            p.grad = None
-        x.grad = None
-        states, _ = pc.newton_apply(cell, x, config=config)
-        torch.autograd.backward(cell.output(states), cotangent)
+    _, forward_backward = gru_layer_calls(dev, args.shape)
+    flush = l2_flush_buffer(dev)
+    assert flush is not None
 
     for _ in range(5):
         forward_backward()

@@ -120,13 +120,24 @@ def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
     ctx.has_h0 = h0 is not None
 
 
+def _adjoint(
+    ctx: Any, grad_y: Tensor, backward_op: Any, adjoint_op: Any = None
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """``(∂L/∂jac, ∂L/∂rhs, ∂L/∂h0 or None)`` by ``backward_op``, or by ``adjoint_op`` (the
+    backward without ``∂L/∂h0``, when given) while h0 needs no gradient."""
+    jac, h0, y = ctx.saved_tensors
+    # Upstream gradients may be expanded (stride 0) or otherwise strided.
+    grad_y = grad_y.contiguous()
+    if adjoint_op is not None and not ctx.needs_input_grad[2]:
+        grad_jac, grad_rhs = adjoint_op(jac, y, h0, grad_y, reverse=ctx.reverse)
+        return grad_jac, grad_rhs, None
+    grad_jac, grad_rhs, grad_h0 = backward_op(jac, y, h0, grad_y, reverse=ctx.reverse)
+    return grad_jac, grad_rhs, (grad_h0 if ctx.has_h0 else None)
+
+
 def _make_backward(backward_op: Any) -> Any:
-    def backward(ctx: Any, grad_y: Tensor) -> tuple[Tensor, Tensor, Tensor | None, None]:
-        jac, h0, y = ctx.saved_tensors
-        # Upstream gradients may be expanded (stride 0) or otherwise strided.
-        grad_y = grad_y.contiguous()
-        grad_jac, grad_rhs, grad_h0 = backward_op(jac, y, h0, grad_y, reverse=ctx.reverse)
-        return grad_jac, grad_rhs, (grad_h0 if ctx.has_h0 else None), None
+    def backward(ctx: Any, grad_y: Tensor) -> tuple[Tensor | None, ...]:
+        return (*_adjoint(ctx, grad_y, backward_op), None)
 
     return backward
 
@@ -170,16 +181,9 @@ class _EagerTritonScan(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad_y: Tensor) -> tuple[Tensor | None, ...]:
-        jac, h0, y = ctx.saved_tensors
-        # Upstream gradients may be expanded (stride 0) or otherwise strided.
-        grad_y = grad_y.contiguous()
-        grad_h0: Tensor | None = None
-        if ctx.needs_input_grad[2] or ctx.adjoint_fn is None:
-            grad_jac, grad_rhs, grad_h0 = ctx.backward_fn(jac, y, h0, grad_y, reverse=ctx.reverse)
-        else:
-            grad_jac, grad_rhs = ctx.adjoint_fn(jac, y, h0, grad_y, reverse=ctx.reverse)
-        # No gradient for reverse and the three launchers.
-        return grad_jac, grad_rhs, (grad_h0 if ctx.has_h0 else None), None, None, None, None
+        # The registered ops' adjoint; no gradient for reverse and the three launchers.
+        grads = _adjoint(ctx, grad_y, ctx.backward_fn, ctx.adjoint_fn)
+        return (*grads, None, None, None, None)
 
 
 def _triton_scan(
