@@ -200,6 +200,32 @@ def test_lookback_window_is_checked() -> None:
     assert launch.plan_scan_diag(2, 64, 16, cpu, dtype=torch.bfloat16).window == 16
 
 
+@pytest.mark.parametrize(("batch", "channels"), [(3, 48), (2, 200), (64, 1024)])
+def test_plan_of_symbolic_sizes_is_the_plan_of_their_values(batch: int, channels: int) -> None:
+    """torch.compile with dynamic shapes (and opcheck's dynamic test on the GPU) plans with
+    SymInt sizes, which the plan cache cannot hash: such plans are built uncached and equal
+    the plan of the sizes' values."""
+    from torch._dynamo.source import ConstantSource
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    env = ShapeEnv()
+
+    def symbolic(value: int, name: str) -> torch.SymInt:
+        symbol = env.create_symbol(value, source=ConstantSource(name))
+        return env.create_symintnode(symbol, hint=value)  # type: ignore[return-value]
+
+    cpu = torch.device("cpu")
+    sym_b, sym_d = symbolic(batch, "b"), symbolic(channels, "d")
+    for dtype in (torch.float32, torch.bfloat16):
+        for adjoint in (False, True):
+            got = launch.plan_scan_diag(sym_b, 17, sym_d, cpu, dtype=dtype, adjoint=adjoint)  # type: ignore[arg-type]
+            want = launch.plan_scan_diag(batch, 17, channels, cpu, dtype=dtype, adjoint=adjoint)
+            as_values = {
+                name: int(v) if isinstance(v, torch.SymInt) else v for name, v in vars(got).items()
+            }
+            assert as_values == vars(want)
+
+
 def test_default_method_follows_channel_blocks_and_storage() -> None:
     """Enough 64-channel blocks for CHUNKED_WAVES programs per multiprocessor (4 for the CPU
     interpreter): the chunked pass, 16-step chunks on aligned channels, 8 otherwise; fewer:

@@ -179,16 +179,18 @@ def plan_scan_diag(
     ``steps`` is part of the signature for the model; no choice depends on it yet (nor does the
     cache key, so sequences of every length share a plan). ``device`` gives the multiprocessor
     count (4 for the CPU interpreter). Plans are cached: every scan call asks for one, and
-    building it costs more host time than the lookup.
+    building it costs more host time than the lookup. Symbolic sizes (``SymInt``, under
+    ``torch.compile`` with dynamic shapes and in opcheck's dynamic test) cannot be hashed; their
+    plans are built uncached.
     """
-    return _plan(
+    build = _plan if type(batch) is int and type(channels) is int else _build_plan
+    return build(
         batch, channels, multiprocessor_count(device), dtype, adjoint, method, block_t,
         block_d, num_warps, rows, inclusive_every, window, vec, rescan,
     )  # fmt: skip
 
 
-@functools.lru_cache(maxsize=4096)
-def _plan(
+def _build_plan(
     batch: int,
     channels: int,
     multiprocessors: int,
@@ -254,6 +256,9 @@ def _plan(
     block_d = block_d or min(_CHUNKED_BLOCK_D, triton_next_power_of_2(channels))
     block_t = block_t or (16 if channels % ALIGNED_CHANNELS == 0 else 8)
     return DiagScanPlan("chunked", block_t, block_d, num_warps or 1, vec=_vec(vec, block_d, 2))
+
+
+_plan = functools.lru_cache(maxsize=4096)(_build_plan)
 
 
 def _checked_tile(block_t: int, rows: int) -> int:
