@@ -4,7 +4,8 @@
   :class:`ParaSLSTM` (3x3 blocks), and the protocol :class:`ParaCell` for your own
   (Jacobian structures :class:`Diag`, :class:`Block`, :class:`Dense`).
 * Solver: :func:`newton_apply` (parallel Newton, differentiable by eq. 2.6), :func:`sequential_apply`
-  (the step-by-step reference), :class:`NewtonConfig`, :class:`NewtonStats`,
+  (the step-by-step reference), :class:`NewtonConfig`, :class:`NewtonStats` (a
+  :class:`DeferredNewtonStats` with ``NewtonConfig(stats="deferred")``),
   :class:`NewtonDivergenceError`, and the scan-backend registry (:func:`register_scan_backend`,
   :func:`get_scan_backend`, :func:`known_scan_backends`).
 * Module: :class:`ParaRNN` -- Newton in ``.train()``, the sequential step in ``.eval()``.
@@ -22,7 +23,7 @@ from .backends import (
     unregister_scan_backend,
 )
 from .cells import CellVJP, ParaCell, ParaGRU, ParaLSTM, ParaSLSTM, derive_jacobian
-from .config import NewtonConfig, NewtonDivergenceError, NewtonStats
+from .config import DeferredNewtonStats, NewtonConfig, NewtonDivergenceError, NewtonStats
 from .fused import fused_sequential_apply, has_fused_kernels
 from .module import ParaRNN
 from .newton import newton_apply, sequential_apply
@@ -34,6 +35,7 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "Block",
     "CellVJP",
+    "DeferredNewtonStats",
     "Dense",
     "Diag",
     "KernelScan",

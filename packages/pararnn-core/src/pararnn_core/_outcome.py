@@ -17,9 +17,15 @@ from torch import Tensor
 
 from ._validation import float_eps
 from .cells.base import ParaCell
-from .config import NewtonConfig, NewtonDivergenceError, NewtonStats
+from .config import DeferredNewtonStats, NewtonConfig, NewtonDivergenceError, NewtonStats
 
-__all__ = ["conclude_solve", "max_abs", "shift_states"]
+__all__ = [
+    "conclude_solve",
+    "deferred_conclusion",
+    "max_abs",
+    "read_later",
+    "shift_states",
+]
 
 
 def shift_states(states: Tensor, h0: Tensor) -> Tensor:
@@ -30,6 +36,29 @@ def shift_states(states: Tensor, h0: Tensor) -> Tensor:
 def max_abs(x: Tensor) -> Tensor:
     """``max |x|`` as a float64 scalar tensor; amax propagates NaN, so a NaN shows up."""
     return x.abs().amax().double()
+
+
+def _judged(
+    config: NewtonConfig,
+    dtype: torch.dtype,
+    iters: int,
+    history: tuple[float, ...],
+    final_residual: float,
+    label: str,
+) -> NewtonStats | None:
+    """The stats of a solve whose residuals stayed finite and within the threshold, else None."""
+    threshold = config.divergence_threshold
+    if all(math.isfinite(v) and v <= threshold for v in (*history, final_residual)):
+        tol = config.tol if config.tol is not None else math.sqrt(float_eps(dtype))
+        return NewtonStats(iters, final_residual, history, label, final_residual <= tol)
+    return None
+
+
+def _where(cell: ParaCell, u: Tensor, label: str, detail: str) -> str:
+    return (
+        f" in a {type(cell).__name__} layer (B={u.shape[0]}, T={u.shape[1]}, scan backend "
+        f"{label!r}{detail})"
+    )
 
 
 def conclude_solve(
@@ -61,15 +90,11 @@ def conclude_solve(
         NewtonDivergenceError: diverged and ``on_divergence="raise"``, or the sequential
             recomputation is not finite either.
     """
-    threshold = config.divergence_threshold
-    if all(math.isfinite(v) and v <= threshold for v in (*history, final_residual)):
-        tol = config.tol if config.tol is not None else math.sqrt(float_eps(states.dtype))
-        stats = NewtonStats(iters, final_residual, history, label, final_residual <= tol)
+    stats = _judged(config, states.dtype, iters, history, final_residual, label)
+    if stats is not None:
         return states, stats
-    where = (
-        f" in a {type(cell).__name__} layer (B={u.shape[0]}, T={u.shape[1]}, scan backend "
-        f"{label!r}{detail})"
-    )
+    threshold = config.divergence_threshold
+    where = _where(cell, u, label, detail)
     if config.on_divergence == "raise":
         raise NewtonDivergenceError(history, threshold, where)
     with torch.no_grad():
@@ -80,3 +105,50 @@ def conclude_solve(
             history, threshold, where + "; the sequential recomputation is not finite either"
         )
     return states, NewtonStats(iters, final, history, label, False, fallback="sequential")
+
+
+def read_later(values: Tensor) -> Callable[[], list[float]]:
+    """``values.tolist()`` later, without waiting for the device now.
+
+    On CUDA a non-blocking copy to host memory and an event are queued behind the work that
+    computes ``values``; the returned function waits on the event (once the device is past it,
+    not at all) and reads the copy. Elsewhere the values are read when asked for (the host has
+    computed them already).
+    """
+    if values.device.type != "cuda":
+        return values.tolist
+    host = values.detach().to("cpu", non_blocking=True)
+    copied = torch.cuda.Event()  # type: ignore[no-untyped-call]
+    copied.record()
+
+    def read() -> list[float]:
+        copied.synchronize()
+        return host.tolist()
+
+    return read
+
+
+def deferred_conclusion(
+    cell: ParaCell,
+    config: NewtonConfig,
+    u: Tensor,
+    dtype: torch.dtype,
+    *,
+    label: str,
+    summary: Callable[[], tuple[int, tuple[float, ...], float]],
+    detail: str = "",
+) -> DeferredNewtonStats:
+    """Stats that conclude the solve (as :func:`conclude_solve` with ``on_divergence="raise"``)
+    when first read: ``summary()`` gives ``(iters, history, final_residual)``, from copies
+    :func:`read_later` started. Holds no tensor of the layer (``dtype`` and the words of the
+    message are taken now)."""
+    where = _where(cell, u, label, detail)
+
+    def resolve() -> NewtonStats:
+        iters, history, final_residual = summary()
+        stats = _judged(config, dtype, iters, history, final_residual, label)
+        if stats is None:
+            raise NewtonDivergenceError(history, config.divergence_threshold, where)
+        return stats
+
+    return DeferredNewtonStats(resolve)

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from .backends import check_scan_backend_name
 
-__all__ = ["NewtonConfig", "NewtonDivergenceError", "NewtonStats"]
+__all__ = ["DeferredNewtonStats", "NewtonConfig", "NewtonDivergenceError", "NewtonStats"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,18 @@ class NewtonConfig:
         on_divergence: ``"raise"`` (:class:`NewtonDivergenceError`) or ``"sequential"``
             (recompute the layer with the sequential recurrence and record
             ``fallback="sequential"`` in its :class:`NewtonStats`).
+        stats: when the solve's statistics come back to the host. ``"sync"`` (default): at the
+            end of the forward (the one host sync per layer and forward above), so a divergence
+            raises from the forward. ``"deferred"``: the forward waits for nothing; the
+            statistics are copied to host memory as the device gets to them, and the layer's
+            :class:`NewtonStats` takes them in when one of its attributes is first read or when
+            the layer's backward starts, whichever comes first -- a divergence raises
+            :class:`NewtonDivergenceError` there. The host can then queue the following
+            layers, the loss and the backward while the device still solves (a training loop
+            that reads no statistics syncs once per step, in the backward's first layer). Needs
+            ``on_divergence="raise"``: a sequential recomputation cannot wait. The unfused
+            path with ``tol`` syncs at every iteration anyway, and the fused kernels with time
+            segments once per correction pass; their last read is deferred all the same.
     """
 
     max_iters: int = 3
@@ -51,6 +63,7 @@ class NewtonConfig:
     scan_backend: str = "auto"
     divergence_threshold: float = 1.0e6
     on_divergence: Literal["raise", "sequential"] = "raise"
+    stats: Literal["sync", "deferred"] = "sync"
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_iters, int) or isinstance(self.max_iters, bool):
@@ -74,6 +87,13 @@ class NewtonConfig:
         if self.on_divergence not in ("raise", "sequential"):
             raise ValueError(
                 f"on_divergence must be 'raise' or 'sequential', got {self.on_divergence!r}"
+            )
+        if self.stats not in ("sync", "deferred"):
+            raise ValueError(f"stats must be 'sync' or 'deferred', got {self.stats!r}")
+        if self.stats == "deferred" and self.on_divergence != "raise":
+            raise ValueError(
+                "stats='deferred' needs on_divergence='raise' (a sequential recomputation after "
+                f"a divergence cannot be deferred), got on_divergence={self.on_divergence!r}"
             )
 
 
@@ -99,6 +119,74 @@ class NewtonStats:
     backend: str
     converged: bool
     fallback: str | None = None
+
+
+class DeferredNewtonStats(NewtonStats):
+    """:class:`NewtonStats` whose values are still on their way from the device
+    (``NewtonConfig(stats="deferred")``).
+
+    Reading any attribute (or comparing, printing, pickling) waits for the copy the solve
+    started, then checks the solve as the synchronous path does: a divergence raises
+    :class:`NewtonDivergenceError` from that read, and from every later one. The layer's
+    backward makes the same check before it runs.
+    """
+
+    def __init__(self, resolve: Callable[[], NewtonStats]) -> None:
+        # Not the dataclass __init__: every field is read from the resolved stats.
+        object.__setattr__(self, "_resolve", resolve)
+        object.__setattr__(self, "_resolved", None)
+
+    def resolved(self) -> NewtonStats:
+        """The plain :class:`NewtonStats` (waits for the device's copy the first time).
+
+        Raises:
+            NewtonDivergenceError: the solve diverged.
+        """
+        done: NewtonStats | None = object.__getattribute__(self, "_resolved")
+        if done is None:
+            done = object.__getattribute__(self, "_resolve")()
+            object.__setattr__(self, "_resolved", done)
+        return done
+
+    @property
+    def iters(self) -> int:
+        return self.resolved().iters
+
+    @property
+    def max_residual(self) -> float:
+        return self.resolved().max_residual
+
+    @property
+    def residuals(self) -> tuple[float, ...]:
+        return self.resolved().residuals
+
+    @property
+    def backend(self) -> str:
+        return self.resolved().backend
+
+    @property
+    def converged(self) -> bool:
+        return self.resolved().converged
+
+    @property
+    def fallback(self) -> str | None:
+        return self.resolved().fallback
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, DeferredNewtonStats):
+            other = other.resolved()
+        return self.resolved() == other
+
+    def __hash__(self) -> int:
+        return hash(self.resolved())
+
+    def __repr__(self) -> str:
+        return repr(self.resolved())
+
+    def __reduce__(self) -> tuple[type[NewtonStats], tuple[object, ...]]:
+        done = self.resolved()
+        fields = (done.iters, done.max_residual, done.residuals, done.backend, done.converged)
+        return NewtonStats, (*fields, done.fallback)
 
 
 class NewtonDivergenceError(RuntimeError):

@@ -49,15 +49,16 @@ from pararnn_kernels.fused import (
     fused_slstm_backward,
     fused_slstm_newton,
     fused_slstm_sequential,
+    summarize_fused_stats,
 )
 
-from ._outcome import conclude_solve
+from ._outcome import conclude_solve, deferred_conclusion, read_later
 from ._validation import check_cell, check_sequence, check_state
 from .cells.base import ParaCell
 from .cells.gru import ParaGRU
 from .cells.lstm import ParaLSTM
 from .cells.slstm import ParaSLSTM
-from .config import NewtonConfig, NewtonDivergenceError, NewtonStats
+from .config import DeferredNewtonStats, NewtonConfig, NewtonDivergenceError, NewtonStats
 
 __all__ = [
     "FusedMethod",
@@ -210,27 +211,20 @@ class _FusedLayerFunction(torch.autograd.Function):
     ) -> Tensor:
         if method == "fused_sequential":
             states = kernels.sequential(u, *params, h0)
-            # A non-finite value carries forward in time, so the last state shows any of them
-            # (one small read and one host sync, as the Newton path's residual check).
-            if not bool(torch.isfinite(states[:, -1]).all()):
-                raise NewtonDivergenceError(
-                    (math.inf,),
-                    config.divergence_threshold,
-                    f" in a {type(cell).__name__} layer (B={u.shape[0]}, T={u.shape[1]}): the "
-                    "fused sequential recurrence (picked by scan_backend='auto') produced "
-                    "non-finite states",
-                )
-            stats = NewtonStats(0, 0.0, (0.0,), "fused_sequential", True)
+            stats = _sequential_stats(cell, config, u, states)
         else:
             states, stats = _solve(cell, kernels, config, u, h0, params)
         stats_out.append(stats)
         ctx.kernels = kernels
+        ctx.stats = stats
         ctx.save_for_backward(u, h0, states, *params)
         return states
 
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad_states: Tensor) -> tuple[Tensor | None, ...]:
+        if isinstance(ctx.stats, DeferredNewtonStats):
+            ctx.stats.resolved()  # no gradient through a diverged solve
         u, h0, states, *params = ctx.saved_tensors
         kernels: _CellKernels = ctx.kernels
         grad_u, grad_h0, *grad_params = kernels.backward(u, *params, h0, states, grad_states)
@@ -245,6 +239,30 @@ class _FusedLayerFunction(torch.autograd.Function):
             grad_h0 if needs[6] else None,
             *(g if need else None for g, need in zip(grad_params, needs[7:], strict=True)),
         )
+
+
+def _sequential_stats(
+    cell: ParaCell, config: NewtonConfig, u: Tensor, states: Tensor
+) -> NewtonStats:
+    """The fused sequential kernel's stats: its states are the recurrence itself, so only
+    non-finite states count as a divergence. A non-finite value carries forward in time, so the
+    last state shows any of them (one small read: one host sync, or a deferred one)."""
+    finite = torch.isfinite(states[:, -1]).all()
+    where = (
+        f" in a {type(cell).__name__} layer (B={u.shape[0]}, T={u.shape[1]}): the fused "
+        "sequential recurrence (picked by scan_backend='auto') produced non-finite states"
+    )
+    threshold = config.divergence_threshold
+
+    def conclude(is_finite: bool) -> NewtonStats:
+        if not is_finite:
+            raise NewtonDivergenceError((math.inf,), threshold, where)
+        return NewtonStats(0, 0.0, (0.0,), "fused_sequential", True)
+
+    if config.stats == "deferred":
+        read = read_later(finite.reshape(1))
+        return DeferredNewtonStats(lambda: conclude(bool(read()[0])))
+    return conclude(bool(finite))
 
 
 def _solve(
@@ -264,6 +282,20 @@ def _solve(
         omega=config.omega,
         initial_guess=config.initial_guess,
     )
+    detail = f", {result.passes} pass(es)"
+    if config.stats == "deferred":
+        # The summary holds the small host copy, not the result (whose states it would keep).
+        read, gap = read_later(result.stats), result.boundary_gap
+        stats = deferred_conclusion(
+            cell,
+            config,
+            u,
+            result.states.dtype,
+            label="fused",
+            summary=lambda: summarize_fused_stats(read(), gap),
+            detail=detail,
+        )
+        return result.states, stats
     return conclude_solve(
         cell,
         config,
@@ -275,7 +307,7 @@ def _solve(
         final_residual=result.max_residual,
         label="fused",
         recompute=lambda: kernels.sequential(u, *params, h0),
-        detail=f", {result.passes} pass(es)",
+        detail=detail,
     )
 
 

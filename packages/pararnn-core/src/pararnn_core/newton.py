@@ -21,11 +21,11 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from ._outcome import conclude_solve, max_abs, shift_states
+from ._outcome import conclude_solve, deferred_conclusion, max_abs, read_later, shift_states
 from ._validation import check_cell, check_sequence, check_state
 from .backends import get_scan_backend, resolved_scan_backend_name
 from .cells.base import ParaCell
-from .config import NewtonConfig, NewtonStats
+from .config import DeferredNewtonStats, NewtonConfig, NewtonStats
 from .fused import fused_method, fused_newton_apply
 from .structures import Diag, Structure
 
@@ -65,12 +65,14 @@ def newton_solve(
         config: the solver settings.
 
     Returns:
-        ``H [B, T, *S]`` and the :class:`NewtonStats`.
+        ``H [B, T, *S]`` and the :class:`NewtonStats` (a :class:`DeferredNewtonStats` with
+        ``config.stats == "deferred"``).
 
     Raises:
         NewtonDivergenceError: the residual exceeded ``config.divergence_threshold`` or became
             non-finite and ``config.on_divergence == "raise"`` (or the sequential recomputation
-            is not finite either).
+            is not finite either); with ``config.stats == "deferred"`` from the stats' first
+            read or the backward instead.
         ValueError: ``scan_backend="fused"`` (a whole-layer path: :func:`newton_apply` runs it).
     """
     backend = get_scan_backend(config.scan_backend)
@@ -103,7 +105,17 @@ def newton_solve(
             delta = backend(jac, residual, None, reverse=False, structure=structure)
             states = states + config.omega * delta if config.omega != 1.0 else states + delta
             iters += 1
-        history = tuple(float(v) for v in torch.stack(residuals).tolist())
+        stacked = torch.stack(residuals)
+    if config.stats == "deferred":
+        read = read_later(stacked)
+
+        def summary() -> tuple[int, tuple[float, ...], float]:
+            values = tuple(float(v) for v in read())
+            return iters, values, values[-1]
+
+        stats = deferred_conclusion(cell, config, u, states.dtype, label=label, summary=summary)
+        return states, stats
+    history = tuple(float(v) for v in stacked.tolist())
     return conclude_solve(
         cell,
         config,
@@ -134,6 +146,7 @@ class _NewtonFunction(torch.autograd.Function):
     ) -> Tensor:
         states, stats = newton_solve(cell, u, h0, config)
         stats_out.append(stats)
+        ctx.stats = stats
         ctx.cell = cell
         ctx.config = config
         ctx.names = names
@@ -143,6 +156,8 @@ class _NewtonFunction(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad_states: Tensor) -> tuple[Tensor | None, ...]:
+        if isinstance(ctx.stats, DeferredNewtonStats):
+            ctx.stats.resolved()  # no gradient through a diverged solve
         u, h0, states, *params = ctx.saved_tensors
         cell: ParaCell = ctx.cell
         structure = cell.structure

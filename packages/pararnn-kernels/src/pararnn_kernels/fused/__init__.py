@@ -6,7 +6,13 @@ layouts, on launchers they share (:mod:`._layer`). ``pararnn_core``'s ``scan_bac
 and ``"auto"`` call these.
 """
 
-from ._layer import FUSED_DEFAULT_TOL, FusedNewtonResult, FusedPlan, check_fused_supported
+from ._layer import (
+    FUSED_DEFAULT_TOL,
+    FusedNewtonResult,
+    FusedPlan,
+    check_fused_supported,
+    summarize_fused_stats,
+)
 from .gru import (
     choose_fused_gru_method,
     estimate_fused_gru_seconds,
@@ -63,4 +69,5 @@ __all__ = [
     "reference_gru_sequential",
     "reference_lstm_sequential",
     "reference_slstm_sequential",
+    "summarize_fused_stats",
 ]

@@ -13,6 +13,7 @@ diagonal cell (one component) and ``[B, T, D, k]`` for a block cell (k component
 
 from __future__ import annotations
 
+import functools
 import importlib
 import math
 from collections.abc import Callable, Sequence
@@ -43,6 +44,7 @@ __all__ = [
     "FusedNewtonResult",
     "FusedPlan",
     "check_fused_supported",
+    "summarize_fused_stats",
 ]
 
 #: The per-chunk stopping tolerance when none is given: float32 arithmetic resolves residuals of
@@ -76,25 +78,67 @@ class FusedPlan:
 class FusedNewtonResult:
     """What a fused Newton solve returns.
 
+    The kernels leave their statistics on the device (``stats``); ``iters``, ``residuals`` and
+    ``max_residual`` read them back on first use (one host sync). A caller that must not wait
+    copies ``stats`` to the host without blocking and summarizes the copy later with
+    :func:`summarize_fused_stats`.
+
     Attributes:
         states: ``[B, T, D]`` (diagonal cells) or ``[B, T, D, k]`` (block cells), the storage
             dtype of ``u``.
+        passes: full passes over the inputs (1 without segments).
+        plan: the launch shape used.
+        stats: ``[H + 1]`` float32 on the device, the maxima the kernels' atomics wrote: entry
+            k < H - 1 the residual before update k, entry H - 1 the largest residual a chunk
+            stopped at, entry H the most updates any chunk ran.
+        boundary_gap: the largest mismatch between a segment's end state and the next segment's
+            start state after the last correction pass (0 without segments).
         iters: the most Newton updates any chunk ran (over all passes).
         residuals: per update index k, the max over chunks (and passes) of the residual
             before update k (chunks that had stopped do not count); ``iters + 1`` entries;
             ``inf`` marks a non-finite residual.
-        max_residual: the largest residual any chunk stopped at, and the largest mismatch between
-            a segment's end state and the next segment's start state.
-        passes: full passes over the inputs (1 without segments).
-        plan: the launch shape used.
+        max_residual: the largest residual any chunk stopped at, and ``boundary_gap``; ``inf``
+            when any residual is not finite.
     """
 
     states: Tensor
-    iters: int
-    residuals: tuple[float, ...]
-    max_residual: float
     passes: int
     plan: FusedPlan
+    stats: Tensor
+    boundary_gap: float = 0.0
+
+    @functools.cached_property
+    def _summary(self) -> tuple[int, tuple[float, ...], float]:
+        return summarize_fused_stats(self.stats.tolist(), self.boundary_gap)
+
+    @property
+    def iters(self) -> int:
+        return self._summary[0]
+
+    @property
+    def residuals(self) -> tuple[float, ...]:
+        return self._summary[1]
+
+    @property
+    def max_residual(self) -> float:
+        return self._summary[2]
+
+
+def summarize_fused_stats(
+    values: Sequence[float], boundary_gap: float = 0.0
+) -> tuple[int, tuple[float, ...], float]:
+    """``(iters, residuals, max_residual)`` of :class:`FusedNewtonResult` from its ``stats``
+    read back (``values``, ``H + 1`` numbers) and its ``boundary_gap``."""
+    if len(values) < 2:
+        raise ValueError(f"values must hold the kernels' H + 1 >= 2 stats, got {len(values)}")
+    hist_len = len(values) - 1
+    most = int(values[-1])
+    residuals = tuple(float(v) for v in values[: most + 1])
+    stopped = float(values[hist_len - 1])
+    worst = max(stopped, boundary_gap)
+    if any(not math.isfinite(v) for v in (*residuals, stopped, boundary_gap)):
+        worst = math.inf
+    return most, residuals, worst
 
 
 #: ``step(state, u_t, rows) -> new state``: one step of the cell in torch on any leading axes;
@@ -503,15 +547,8 @@ def newton(
         if not math.isfinite(gap_end) or gap_end <= tol or passes >= MAX_SEGMENT_PASSES:
             break
 
-    # Everything else the stats need, read back in one sync.
-    summary = stats.tolist()
-    most = int(summary[-1])
-    residuals = tuple(float(v) for v in summary[: most + 1])
-    stopped = summary[hist_len - 1]
-    worst = max(stopped, gap_end)
-    if any(not math.isfinite(v) for v in (*residuals, stopped, gap_end)):
-        worst = math.inf
-    return FusedNewtonResult(out, most, residuals, worst, passes, plan)
+    # Everything else the stats need stays on the device until the result is asked for it.
+    return FusedNewtonResult(out, passes, plan, stats, gap_end)
 
 
 def backward(
