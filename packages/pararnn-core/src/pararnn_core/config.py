@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -148,30 +149,6 @@ class DeferredNewtonStats(NewtonStats):
             object.__setattr__(self, "_resolved", done)
         return done
 
-    @property
-    def iters(self) -> int:
-        return self.resolved().iters
-
-    @property
-    def max_residual(self) -> float:
-        return self.resolved().max_residual
-
-    @property
-    def residuals(self) -> tuple[float, ...]:
-        return self.resolved().residuals
-
-    @property
-    def backend(self) -> str:
-        return self.resolved().backend
-
-    @property
-    def converged(self) -> bool:
-        return self.resolved().converged
-
-    @property
-    def fallback(self) -> str | None:
-        return self.resolved().fallback
-
     def __eq__(self, other: object) -> bool:
         if isinstance(other, DeferredNewtonStats):
             other = other.resolved()
@@ -185,8 +162,17 @@ class DeferredNewtonStats(NewtonStats):
 
     def __reduce__(self) -> tuple[type[NewtonStats], tuple[object, ...]]:
         done = self.resolved()
-        fields = (done.iters, done.max_residual, done.residuals, done.backend, done.converged)
-        return NewtonStats, (*fields, done.fallback)
+        return NewtonStats, tuple(getattr(done, f.name) for f in dataclasses.fields(done))
+
+
+def _resolved_field(name: str) -> property:
+    return property(lambda self: getattr(self.resolved(), name), doc=f"``{name}`` when resolved.")
+
+
+# Every NewtonStats field, read from the resolved stats (one list of fields to keep in step).
+for _field in dataclasses.fields(NewtonStats):
+    setattr(DeferredNewtonStats, _field.name, _resolved_field(_field.name))
+del _field
 
 
 class NewtonDivergenceError(RuntimeError):
