@@ -1,8 +1,9 @@
 """``NewtonConfig(stats="deferred")``: the forward waits for nothing, the stats arrive later.
 
 The same solve with ``stats="sync"`` and ``"deferred"`` gives bit-identical states and gradients
-and equal stats; a divergence raises when the deferred stats are first read or when the layer's
-backward starts, not in the forward. Unfused paths run everywhere (eager scans on the CPU), the
+and equal stats; a divergence raises when the deferred stats are first read or in the layer's
+backward (after the backward has queued its work, before any gradient leaves it), not in the
+forward. Unfused paths run everywhere (eager scans on the CPU), the
 fused kernels in the Triton interpreter on the CPU (``TRITON_INTERPRET=1``) and compiled on the
 GPU, where a deferred forward must not synchronize the device at all.
 """
@@ -12,11 +13,14 @@ from __future__ import annotations
 import dataclasses
 import math
 import pickle
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
 
 import pararnn_core as pc
+import pararnn_core.fused as core_fused
 from pararnn_core.fused import fused_newton_apply
 from pararnn_kernels.dispatch import triton_interpret_mode
 from pararnn_kernels.fused import summarize_fused_stats
@@ -105,6 +109,67 @@ def test_unfused_deferred_divergence_raises_on_read_and_in_backward(cls: type[pc
     _check_deferred_divergence(
         cls(3, 5), torch.randn(2, 17, 3), pc.NewtonConfig(scan_backend="eager")
     )
+
+
+def _logged(order: list[str], name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        order.append(name)
+        return fn(*args, **kwargs)
+
+    return call
+
+
+def _run_backward(
+    monkeypatch: pytest.MonkeyPatch,
+    order: list[str],
+    cell: pc.ParaCell,
+    backend: str,
+    diverge: bool,
+) -> None:
+    """A deferred layer's forward and backward, each read of its stats logged in ``order``."""
+    monkeypatch.setattr(
+        pc.DeferredNewtonStats,
+        "resolved",
+        _logged(order, "stats", pc.DeferredNewtonStats.resolved),
+    )
+    config = pc.NewtonConfig(scan_backend=backend, stats="deferred")
+    if diverge:
+        config = _diverging(config)
+    x = torch.randn(2, 17, 3, requires_grad=True)
+    states, _stats = pc.newton_apply(cell, x, config=config)
+    if diverge:
+        with pytest.raises(pc.NewtonDivergenceError):
+            states.sum().backward()
+        assert x.grad is None
+    else:
+        states.sum().backward()
+        assert x.grad is not None and torch.isfinite(x.grad).all()
+
+
+@pytest.mark.parametrize("diverge", [False, True])
+def test_unfused_backward_queues_its_work_before_it_waits(
+    monkeypatch: pytest.MonkeyPatch, diverge: bool
+) -> None:
+    torch.manual_seed(6)
+    cell = pc.ParaGRU(3, 5)
+    order: list[str] = []
+    monkeypatch.setattr(cell, "vjp", _logged(order, "work", cell.vjp))
+    _run_backward(monkeypatch, order, cell, "eager", diverge)
+    assert order == ["work", "stats"]
+
+
+@needs_interpreter
+@pytest.mark.parametrize("diverge", [False, True])
+def test_fused_backward_queues_its_work_before_it_waits(
+    monkeypatch: pytest.MonkeyPatch, diverge: bool
+) -> None:
+    torch.manual_seed(7)
+    order: list[str] = []
+    kernels = core_fused._GRU_KERNELS
+    logged = dataclasses.replace(kernels, backward=_logged(order, "work", kernels.backward))
+    monkeypatch.setattr(core_fused, "_GRU_KERNELS", logged)
+    _run_backward(monkeypatch, order, pc.ParaGRU(3, 5), "fused", diverge)
+    assert order == ["work", "stats"]
 
 
 def test_module_keeps_deferred_stats() -> None:

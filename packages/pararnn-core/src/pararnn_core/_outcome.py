@@ -20,6 +20,7 @@ from .cells.base import ParaCell
 from .config import DeferredNewtonStats, NewtonConfig, NewtonDivergenceError, NewtonStats
 
 __all__ = [
+    "conclude_before_gradients",
     "conclude_solve",
     "deferred_conclusion",
     "max_abs",
@@ -152,3 +153,15 @@ def deferred_conclusion(
         return stats
 
     return DeferredNewtonStats(resolve)
+
+
+def conclude_before_gradients(stats: NewtonStats) -> None:
+    """Take deferred stats in (:class:`DeferredNewtonStats`; sync stats are concluded already).
+
+    A layer's backward calls this after it has queued its device work and before it returns any
+    gradient: a diverged solve raises :class:`NewtonDivergenceError` there, so none of its
+    gradients is handed on, while the device already has the backward's work to run during the
+    wait for the forward's statistics.
+    """
+    if isinstance(stats, DeferredNewtonStats):
+        stats.resolved()

@@ -47,11 +47,15 @@ class NewtonConfig:
             end of the forward (the one host sync per layer and forward above), so a divergence
             raises from the forward. ``"deferred"``: the forward waits for nothing; the
             statistics are copied to host memory as the device gets to them, and the layer's
-            :class:`NewtonStats` takes them in when one of its attributes is first read or when
-            the layer's backward starts, whichever comes first -- a divergence raises
-            :class:`NewtonDivergenceError` there. The host can then queue the following
-            layers, the loss and the backward while the device still solves (a training loop
-            that reads no statistics syncs once per step, in the backward's first layer). Needs
+            :class:`NewtonStats` takes them in when one of its attributes is first read or in
+            the layer's backward, whichever comes first -- a divergence raises
+            :class:`NewtonDivergenceError` there. The backward queues its own device work
+            first and takes the statistics in before it hands back any gradient, so no
+            gradient of a diverged solve reaches a parameter, and the device has the
+            backward's work queued while the host waits for the forward's. The host can queue
+            the following layers, the loss and the backward while the device still solves (a
+            training loop that reads no statistics waits once per step, in the backward's
+            first layer, with that layer's backward already queued). Needs
             ``on_divergence="raise"``: a sequential recomputation cannot wait. The unfused
             path with ``tol`` syncs at every iteration anyway, and the fused kernels with time
             segments once per correction pass; their last read is deferred all the same.

@@ -52,7 +52,12 @@ from pararnn_kernels.fused import (
     summarize_fused_stats,
 )
 
-from ._outcome import conclude_solve, deferred_conclusion, read_later
+from ._outcome import (
+    conclude_before_gradients,
+    conclude_solve,
+    deferred_conclusion,
+    read_later,
+)
 from ._validation import check_cell, check_sequence, check_state
 from .cells.base import ParaCell
 from .cells.gru import ParaGRU
@@ -223,11 +228,10 @@ class _FusedLayerFunction(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad_states: Tensor) -> tuple[Tensor | None, ...]:
-        if isinstance(ctx.stats, DeferredNewtonStats):
-            ctx.stats.resolved()  # no gradient through a diverged solve
         u, h0, states, *params = ctx.saved_tensors
         kernels: _CellKernels = ctx.kernels
         grad_u, grad_h0, *grad_params = kernels.backward(u, *params, h0, states, grad_states)
+        conclude_before_gradients(ctx.stats)
         needs = ctx.needs_input_grad
         return (
             None,

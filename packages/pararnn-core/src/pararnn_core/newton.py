@@ -21,11 +21,18 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from ._outcome import conclude_solve, deferred_conclusion, max_abs, read_later, shift_states
+from ._outcome import (
+    conclude_before_gradients,
+    conclude_solve,
+    deferred_conclusion,
+    max_abs,
+    read_later,
+    shift_states,
+)
 from ._validation import check_cell, check_sequence, check_state
 from .backends import get_scan_backend, resolved_scan_backend_name
 from .cells.base import ParaCell
-from .config import DeferredNewtonStats, NewtonConfig, NewtonStats
+from .config import NewtonConfig, NewtonStats
 from .fused import fused_method, fused_newton_apply
 from .structures import Diag, Structure
 
@@ -156,8 +163,6 @@ class _NewtonFunction(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad_states: Tensor) -> tuple[Tensor | None, ...]:
-        if isinstance(ctx.stats, DeferredNewtonStats):
-            ctx.stats.resolved()  # no gradient through a diverged solve
         u, h0, states, *params = ctx.saved_tensors
         cell: ParaCell = ctx.cell
         structure = cell.structure
@@ -178,6 +183,7 @@ class _NewtonFunction(torch.autograd.Function):
         }
         vjp = cell.vjp(prev, u, mu, wanted)
         grad_params = [vjp.grad_params.get(name) for name in ctx.names]
+        conclude_before_gradients(ctx.stats)
         return (
             None,
             None,
