@@ -9,6 +9,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -128,6 +129,38 @@ def test_fused_methods_are_skipped_with_a_reason_or_timed(result: BenchResult) -
     if not hasattr(pc, "fused_sequential_apply"):
         reasons = {r.skipped_reason for r in result.records if r.method == "sequential_fused"}
         assert all("fused_sequential_apply" in reason for reason in reasons)
+
+
+def test_deferred_newton_stats_time_the_same_solve(
+    result: BenchResult, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``newton_stats="deferred"``: the Newton methods run with ``NewtonConfig(stats=
+    "deferred")`` and record the same iterations and residuals as the sync run."""
+    asked: list[str] = []
+    newton_apply = pc.newton_apply
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        asked.append(kwargs["config"].stats)
+        return newton_apply(*args, **kwargs)
+
+    monkeypatch.setattr(pc, "newton_apply", spy)
+    deferred = run_bench(
+        tiny(cells=("ParaGRU",), methods=("newton_unfused",), newton_stats="deferred"),
+        progress=False,
+    )
+    assert asked and set(asked) == {"deferred"}
+    assert deferred.environment["newton_stats"] == "deferred"
+    assert result.environment["newton_stats"] == "sync"
+    sync = {
+        (r.scope, r.steps, r.direction): r
+        for r in result.records
+        if r.cell == "ParaGRU" and r.method == "newton_unfused"
+    }
+    assert len(deferred.records) == len(sync) > 0
+    for r in deferred.records:
+        twin = sync[(r.scope, r.steps, r.direction)]
+        assert r.status == "ok" and r.err_ok is True, r.skipped_reason
+        assert (r.newton_iters, r.newton_residual) == (twin.newton_iters, twin.newton_residual)
 
 
 def test_cudnn_is_skipped_on_the_cpu(result: BenchResult) -> None:
@@ -265,6 +298,10 @@ def test_registered_peer_methods_plug_in(peer_methods: list[str]) -> None:
         ({"shapes": (Shape(0, 8, 4),)}, "shape batch must be a positive int, got 0"),
         ({"repeats": 0}, "repeats must be a positive int, got 0"),
         ({"device": "tpu"}, "device must be 'cuda' or 'cpu', got 'tpu'"),
+        (
+            {"newton_stats": "later"},
+            "newton_stats must be one of \\['sync', 'deferred'\\], got 'later'",
+        ),
     ],
 )
 def test_bad_configs_name_the_option(overrides: dict[str, object], message: str) -> None:
@@ -286,7 +323,7 @@ def test_cli_help_lists_every_option(capsys: pytest.CaptureFixture[str]) -> None
     text = capsys.readouterr().out
     for option in ("--out", "--quick", "--device", "--cells", "--methods", "--batch", "--width",
                    "--steps", "--shape", "--dtype", "--scopes", "--max-seq-steps", "--repeats",
-                   "--warmup", "--no-plot", "--tf32"):  # fmt: skip
+                   "--warmup", "--no-plot", "--tf32", "--newton-stats"):  # fmt: skip
         assert option in text
     for name in BUILTIN:
         assert name in text
@@ -315,6 +352,7 @@ def test_cli_rejects_bad_options(capsys: pytest.CaptureFixture[str], tmp_path: P
         (["--batch", "0"], "argument --batch: expected a positive integer, got '0'"),
         (["--methods", "nope"], "argument --methods: invalid choice: 'nope'"),
         (["--tf32", "maybe"], "argument --tf32: invalid choice: 'maybe'"),
+        (["--newton-stats", "later"], "argument --newton-stats: invalid choice: 'later'"),
     ):
         with pytest.raises(SystemExit) as exit_info:
             main(["--out", str(tmp_path), *argv])

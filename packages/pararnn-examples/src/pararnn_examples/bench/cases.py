@@ -25,7 +25,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Final, NamedTuple
+from typing import Final, Literal, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -39,6 +39,7 @@ __all__ = [
     "CELL_SCOPES",
     "DIRECTIONS",
     "DTYPES",
+    "NEWTON_STATS",
     "SCAN_CELL",
     "SCAN_JAC_RANGE",
     "SCAN_SHAPES",
@@ -71,6 +72,8 @@ CELLS: Final[dict[str, Callable[..., pc.ParaCell]]] = {
 #: ``fwd``: forward under ``torch.no_grad()``; ``fwd_bwd``: forward, then backward of a fixed
 #: cotangent into the input and every parameter.
 DIRECTIONS: Final[tuple[str, ...]] = ("fwd", "fwd_bwd")
+#: The values of ``NewtonConfig.stats`` the Newton methods can run with (``--newton-stats``).
+NEWTON_STATS: Final[tuple[str, ...]] = ("sync", "deferred")
 
 
 class Shape(NamedTuple):
@@ -180,6 +183,10 @@ class BenchConfig:
             reference is a float64 Newton solve converged to a residual of 1e-10.
         newton_iters: ``NewtonConfig.max_iters`` of the Newton methods.
         newton_tol: ``NewtonConfig.tol`` of the Newton methods (None: exactly ``newton_iters``).
+        newton_stats: ``NewtonConfig.stats`` of the Newton methods: ``"sync"`` (the forward reads
+            the solve's statistics back before it returns) or ``"deferred"`` (it waits for
+            nothing; the statistics are read after the case's first call, and the
+            forward+backward's wait moves into the layer's backward).
         copy_bytes: size of the buffer whose device-to-device copy measures the bandwidth
             (None: 4 GiB on CUDA, 64 MiB on the CPU).
         seed: seeds parameters, inputs and cotangents of every case.
@@ -199,6 +206,7 @@ class BenchConfig:
     max_seq_steps: int = 4096
     newton_iters: int = pc.NewtonConfig().max_iters
     newton_tol: float | None = None
+    newton_stats: Literal["sync", "deferred"] = "sync"
     copy_bytes: int | None = None
     seed: int = 0
     fail_fast: bool = False
@@ -231,6 +239,10 @@ class BenchConfig:
             isinstance(self.newton_tol, int | float) and self.newton_tol >= 0
         ):
             raise ValueError(f"newton_tol must be None or a float >= 0, got {self.newton_tol!r}")
+        if self.newton_stats not in NEWTON_STATS:
+            raise ValueError(
+                f"newton_stats must be one of {list(NEWTON_STATS)}, got {self.newton_stats!r}"
+            )
         if self.copy_bytes is not None:
             _positive_int("copy_bytes", self.copy_bytes)
 

@@ -42,6 +42,7 @@ from .cases import (
     CELL_SCOPES,
     CELLS,
     DTYPES,
+    NEWTON_STATS,
     SCAN_SHAPES,
     SCOPES,
     BenchConfig,
@@ -255,6 +256,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--newton-iters iterations)",
     )
     parser.add_argument(
+        "--newton-stats",
+        choices=NEWTON_STATS,
+        default="sync",
+        help="NewtonConfig.stats of the Newton methods: 'sync' (default) reads the solve's "
+        "statistics back in the forward, 'deferred' lets the forward return without waiting "
+        "(the statistics are read after each case's first call)",
+    )
+    parser.add_argument(
         "--copy-mib",
         type=positive_int,
         default=None,
@@ -318,6 +327,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         slow_ms=args.slow_seconds * 1e3,
         max_seq_steps=args.max_seq_steps,
         newton_tol=args.newton_tol,
+        newton_stats=args.newton_stats,
         copy_bytes=None if copy_mib is None else copy_mib * 2**20,
         seed=args.seed,
         fail_fast=args.fail_fast,

@@ -423,6 +423,7 @@ def environment(
         "copy_bandwidth_GBps": copy_bytes_per_s / 1e9,
         "cuda_matmul_allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
         "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
+        "newton_stats": config.newton_stats,
         "argv": sys.argv,
         "peers": [p.as_dict() for p in peers or []],
     }

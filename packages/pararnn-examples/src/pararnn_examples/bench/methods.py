@@ -141,7 +141,10 @@ def _pararnn_runner(
 def _newton(backend: Callable[[Case], str]) -> Callable[[Case, CaseInputs, BenchConfig], Runner]:
     def build(case: Case, inputs: CaseInputs, config: BenchConfig) -> Runner:
         solver = pc.NewtonConfig(
-            max_iters=config.newton_iters, tol=config.newton_tol, scan_backend=backend(case)
+            max_iters=config.newton_iters,
+            tol=config.newton_tol,
+            scan_backend=backend(case),
+            stats=config.newton_stats,
         )
 
         def apply(cell: pc.ParaCell, x: Tensor) -> tuple[Tensor, pc.NewtonStats | None]:
