@@ -29,6 +29,7 @@ import triton.language as tl
 
 from ..scan._kernels import _combine_block2
 from ._kernels import (
+    _partial_slots,
     _pick_row,
     _publish_stats,
     _record_residual,
@@ -182,7 +183,8 @@ def lstm_newton_kernel(
             )
             r_c = tl.where(mask, c_new - s_c, 0.0)
             r_h = tl.where(mask, o * tc - s_h, 0.0)
-            worst = tl.maximum(_tile_max(_residual_size(r_c)), _tile_max(_residual_size(r_h)))
+            # One reduction over the tile for both components (each crosses the warps once).
+            worst = _tile_max(tl.maximum(_residual_size(r_c), _residual_size(r_h)))
             hist, done = _record_residual(hist, slots, k, worst, tol, MAX_ITERS, HIST)
             if done == 0:
                 # Rows past the end multiply by the identity, so the scan stays exact.
@@ -278,7 +280,7 @@ def lstm_backward_kernel(
     BLOCK_T: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """Reverse pass; ``grad_w [B, cdiv(D, BLOCK_D), 5, BLOCK_D]`` gets this program's partials.
+    """Reverse pass; ``grad_w [5, B, cdiv(D, BLOCK_D)·BLOCK_D]`` gets this program's partials.
 
     Rows of a chunk run backwards in time (row i is step ``top - i``), so a forward associative
     scan over rows solves the reverse recurrence of ``ν`` (module docstring).
@@ -371,12 +373,12 @@ def lstm_backward_kernel(
         nu_c = _pick_row(nu_rows_c, rows, BLOCK_T - 1)
         nu_h = _pick_row(nu_rows_h, rows, BLOCK_T - 1)
 
-    slot = ((pid_b.to(tl.int64) * tl.num_programs(0) + pid_d) * 5) * BLOCK_D + tl.arange(0, BLOCK_D)
+    slot, row_stride = _partial_slots(BLOCK_D)
     tl.store(grad_w_ptr + slot, acc_af)
-    tl.store(grad_w_ptr + slot + BLOCK_D, acc_az)
-    tl.store(grad_w_ptr + slot + 2 * BLOCK_D, acc_ao)
-    tl.store(grad_w_ptr + slot + 3 * BLOCK_D, acc_pf)
-    tl.store(grad_w_ptr + slot + 4 * BLOCK_D, acc_po)
+    tl.store(grad_w_ptr + slot + row_stride, acc_az)
+    tl.store(grad_w_ptr + slot + 2 * row_stride, acc_ao)
+    tl.store(grad_w_ptr + slot + 3 * row_stride, acc_pf)
+    tl.store(grad_w_ptr + slot + 4 * row_stride, acc_po)
 
 
 @triton.jit

@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from ._kernels import (
+    _partial_slots,
     _pick_row,
     _publish_stats,
     _record_residual,
@@ -232,10 +233,11 @@ def slstm_newton_kernel(
             r_c = tl.where(mask, c_new - s_c, 0.0)
             r_l = tl.where(mask, ell_new - s_l, 0.0)
             r_h = tl.where(mask, o * c_new - s_h, 0.0)
-            worst = tl.maximum(
-                tl.maximum(_tile_max(_residual_size(r_c)), _tile_max(_residual_size(r_l))),
-                _tile_max(_residual_size(r_h)),
+            # One reduction over the tile for all components (each crosses the warps once).
+            size = tl.maximum(
+                tl.maximum(_residual_size(r_c), _residual_size(r_l)), _residual_size(r_h)
             )
+            worst = _tile_max(size)
             hist, done = _record_residual(hist, slots, k, worst, tol, MAX_ITERS, HIST)
             if done == 0:
                 m00, m01, m02, m10, m11, m12, m20, m21, m22 = _identity_past_end(
@@ -335,7 +337,7 @@ def slstm_backward_kernel(
     BLOCK_T: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """Reverse pass; ``grad_w [B, cdiv(D, BLOCK_D), 4, BLOCK_D]`` gets this program's partials
+    """Reverse pass; ``grad_w [4, B, cdiv(D, BLOCK_D)·BLOCK_D]`` gets this program's partials
     (rows backwards in time, the scan on ``ν``, as ``lstm_backward_kernel``)."""
     pid_d = tl.program_id(0)
     pid_b = tl.program_id(1)
@@ -439,11 +441,11 @@ def slstm_backward_kernel(
         nu_l = _pick_row(nu_rows_l, rows, BLOCK_T - 1)
         nu_h = _pick_row(nu_rows_h, rows, BLOCK_T - 1)
 
-    slot = ((pid_b.to(tl.int64) * tl.num_programs(0) + pid_d) * 4) * BLOCK_D + tl.arange(0, BLOCK_D)
+    slot, row_stride = _partial_slots(BLOCK_D)
     tl.store(grad_w_ptr + slot, acc_z)
-    tl.store(grad_w_ptr + slot + BLOCK_D, acc_i)
-    tl.store(grad_w_ptr + slot + 2 * BLOCK_D, acc_f)
-    tl.store(grad_w_ptr + slot + 3 * BLOCK_D, acc_o)
+    tl.store(grad_w_ptr + slot + row_stride, acc_i)
+    tl.store(grad_w_ptr + slot + 2 * row_stride, acc_f)
+    tl.store(grad_w_ptr + slot + 3 * row_stride, acc_o)
 
 
 @triton.jit

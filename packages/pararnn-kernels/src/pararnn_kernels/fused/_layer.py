@@ -582,7 +582,7 @@ def backward(
     grad_u = torch.empty_like(u)
     grad_h0 = torch.empty(batch, *spec.state_tail(channels), device=dev, dtype=u.dtype)
     n_rows = spec.rows
-    partial = torch.empty(batch, n_d, n_rows, block_d, device=dev, dtype=torch.float32)
+    partial = torch.empty(n_rows, batch, n_d * block_d, device=dev, dtype=torch.float32)
     _kernel(spec, "backward")[(n_d, batch)](
         u,
         _stacked(weights),
@@ -599,8 +599,7 @@ def backward(
         num_warps=num_warps,
     )
     # Per-program partials summed over the batch in a fixed order: bit-identical on repeat.
-    summed = partial.permute(2, 0, 1, 3).reshape(n_rows, batch, n_d * block_d)[..., :channels]
-    summed = summed.sum(dim=1)
+    summed = partial[..., :channels].sum(dim=1)
     grads = [
         g.to(w.dtype)
         for g, w in zip(
