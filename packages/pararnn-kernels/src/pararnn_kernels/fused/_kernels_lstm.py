@@ -35,6 +35,7 @@ from ._kernels import (
     _record_residual,
     _residual_size,
     _shift_rows,
+    _sigmoid,
     _tanh,
     _tile_max,
 )
@@ -53,10 +54,10 @@ def _matmul2(a00, a01, a10, a11, c00, c01, c10, c11):
 
 @triton.jit
 def _lstm_forward(c, h, u_f, u_z, u_o, a_f, a_z, a_o, p_f, p_o):
-    f = tl.sigmoid(u_f + a_f * h + p_f * c)
+    f = _sigmoid(u_f + a_f * h + p_f * c)
     z = _tanh(u_z + a_z * h)
     c_new = z + f * (c - z)
-    o = tl.sigmoid(u_o + a_o * h + p_o * c_new)
+    o = _sigmoid(u_o + a_o * h + p_o * c_new)
     tc = _tanh(c_new)
     return f, z, c_new, o, tc
 

@@ -19,12 +19,15 @@ import triton
 import triton.language as tl
 
 from ._kernels import (
+    _exp,
+    _log,
     _partial_slots,
     _pick_row,
     _publish_stats,
     _record_residual,
     _residual_size,
     _shift_rows,
+    _sigmoid,
     _tanh,
     _tile_max,
 )
@@ -73,13 +76,13 @@ def _combine_block3(
 @triton.jit
 def _log_sigmoid(x):
     # log σ(x) = min(x, 0) - log(1 + e^{-|x|}), finite for every finite x.
-    return tl.minimum(x, 0.0) - tl.log(1.0 + tl.exp(-tl.abs(x)))
+    return tl.minimum(x, 0.0) - _log(1.0 + _exp(-tl.abs(x)))
 
 
 @triton.jit
 def _logaddexp(a, b):
     # A NaN in a or b reaches the result through |a - b| (tl.maximum would drop it).
-    return tl.maximum(a, b) + tl.log(1.0 + tl.exp(-tl.abs(a - b)))
+    return tl.maximum(a, b) + _log(1.0 + _exp(-tl.abs(a - b)))
 
 
 @triton.jit
@@ -87,9 +90,9 @@ def _slstm_forward(c, ell, h, u_z, u_i, u_f, u_o, r_z, r_i, r_f, r_o):
     z = _tanh(u_z + r_z * h)
     i_pre = u_i + r_i * h
     f_pre = u_f + r_f * h
-    o = tl.sigmoid(u_o + r_o * h)
+    o = _sigmoid(u_o + r_o * h)
     ell_new = _logaddexp(_log_sigmoid(f_pre) + ell, i_pre)
-    lam = tl.exp(i_pre - ell_new)
+    lam = _exp(i_pre - ell_new)
     c_new = c + lam * (z - c)
     return z, f_pre, o, ell_new, lam, c_new
 
@@ -99,7 +102,7 @@ def _slstm_jacobian(c, z, f_pre, o, lam, c_new, r_z, r_i, r_f, r_o):
     """The 3x3 block ``∂(ĉ', ℓ', h')/∂(ĉ, ℓ, h)`` row by row (entry (1, 0) is zero)."""
     keep = 1.0 - lam
     gap = z - c
-    g = lam * r_i + keep * tl.sigmoid(-f_pre) * r_f
+    g = lam * r_i + keep * _sigmoid(-f_pre) * r_f
     j01 = -gap * lam * keep
     j02 = gap * lam * (r_i - g) + lam * (1.0 - z * z) * r_z
     j22 = o * j02 + c_new * o * (1.0 - o) * r_o
@@ -416,7 +419,7 @@ def slstm_backward_kernel(
         mu_lam = mu_cell * (z - prev_c)
         mu_ell = mu_l - mu_lam * lam
         gu_i = lam * (mu_lam + mu_ell)
-        gu_f = mu_ell * (1.0 - lam) * tl.sigmoid(-f_pre)
+        gu_f = mu_ell * (1.0 - lam) * _sigmoid(-f_pre)
         ty = grad_u_ptr.dtype.element_ty
         tl.store(grad_u_ptr + offs_u, gu_z.to(ty), mask=mask)
         tl.store(grad_u_ptr + offs_u + D, gu_i.to(ty), mask=mask)
