@@ -1,8 +1,9 @@
-"""Launch-shape sweep of the fused GRU kernels (the numbers behind their cost model).
+"""Launch-shape sweep of the fused kernels (the numbers behind their cost model).
 
-Times, on one CUDA GPU, the fused Newton kernel over a grid of launch plans, the fused backward
-over its tile shapes, and the fused sequential kernel, at each shape, as kernels on the projected
-inputs ``u [B, T, 3D]`` (the layer benchmark with the projection and peers is ``pararnn-bench``).
+Times, on one CUDA GPU, the fused GRU Newton kernel over a grid of launch plans, the fused
+backward over its tile shapes, and the fused sequential kernel, at each shape, as kernels on the
+projected inputs ``u [B, T, 3D]`` (and with ``--block-cells`` ParaLSTM's and ParaSLSTM's kernels
+likewise) (the layer benchmark with the projection and peers is ``pararnn-bench``).
 Every case is checked against the fused sequential kernel (max abs difference printed), and each
 shape's line names the cost model's estimates and pick beside the measured times.
 
@@ -13,6 +14,8 @@ shape's line names the cost model's estimates and pick beside the measured times
                                        # also the block cells' sequential kernels over plans
     python3 benchmarks/bench_fused.py --out OUT/fused --kinds --block-cells lstm slstm
                                        # every cell's default Newton and sequential kernels
+    python3 benchmarks/bench_fused.py --out OUT/fused --kinds newton backward \
+        --block-cells lstm slstm --tiles 128x4x2 64x8x2   # Newton and backward tiles, every cell
 """
 
 from __future__ import annotations
@@ -37,11 +40,15 @@ from pararnn_kernels.fused import (
     fused_gru_backward,
     fused_gru_newton,
     fused_gru_sequential,
+    fused_lstm_backward,
     fused_lstm_newton,
     fused_lstm_sequential,
+    fused_slstm_backward,
     fused_slstm_newton,
     fused_slstm_sequential,
     plan_fused_gru,
+    plan_fused_lstm,
+    plan_fused_slstm,
 )
 
 #: (block_t, block_d, num_warps) tried; at most 64 tile elements per thread.
@@ -73,6 +80,23 @@ BLOCK_SEQUENTIAL_PLANS = [
     (128, 8, 1, 4),
     (256, 4, 2, 4),
 ]
+#: (block_t, block_d, num_warps) of the block cells' Newton kernels (their defaults, 64 × 4 for
+#: ParaLSTM and 32 × 4 for ParaSLSTM on 2 warps, are timed besides; segments as the plan picks).
+BLOCK_NEWTON_TILES = [
+    (16, 4, 1),
+    (32, 2, 1),
+    (32, 4, 1),
+    (32, 4, 2),
+    (32, 8, 2),
+    (64, 2, 1),
+    (64, 4, 2),
+    (64, 4, 4),
+    (64, 8, 4),
+    (128, 2, 2),
+    (128, 4, 4),
+]
+#: (block_t, block_d, num_warps) of the block cells' backward kernels.
+BLOCK_BACKWARD_TILES = [(16, 8, 4), (32, 4, 2), (32, 8, 4), (32, 16, 4), (64, 4, 4), (64, 8, 4)]
 SHAPES = [(8, 1024, 256), (8, 4096, 256), (8, 16384, 256), (64, 4096, 1024), (1, 65536, 256)]
 
 
@@ -84,7 +108,13 @@ def copy_bandwidth() -> float:
 
 
 def bench_shape(
-    batch: int, steps: int, channels: int, bandwidth: float, quick: bool, kinds: set[str]
+    batch: int,
+    steps: int,
+    channels: int,
+    bandwidth: float,
+    quick: bool,
+    kinds: set[str],
+    tiles: list[tuple[int, int, int]],
 ) -> list[dict[str, object]]:
     """Every plan of the fused kernels at one shape; prints a line per case."""
     records: list[dict[str, object]] = []
@@ -155,8 +185,8 @@ def bench_shape(
 
     run(default)
     # Stage 1: tile shapes without segments; stage 2: segments with the best tile.
-    tiles = [] if "newton" not in kinds else [(128, 16, 4)] if quick else list(TILES)
-    timed = {tile: run(FusedPlan(*tile[:2], 1, tile[2])) for tile in tiles}
+    newton_tiles = [] if "newton" not in kinds else [(128, 16, 4)] if quick else tiles
+    timed = {tile: run(FusedPlan(*tile[:2], 1, tile[2])) for tile in newton_tiles}
     finished = [t for t in timed if timed[t] is not None]
     if finished:
         best = min(finished, key=lambda t: timed[t] or 0.0)
@@ -168,7 +198,7 @@ def bench_shape(
     ms = triton.testing.do_bench(lambda: fused_gru_backward(u, weight, h0, reference, grad))
     print(f"  default backward: {ms:.3f} ms ({100 * bwd_floor / ms:.0f}% floor)")
     records.append(dict(shape=[batch, steps, channels], kind="backward", default=True, ms=ms))
-    backward_tiles = [] if "backward" not in kinds else [(64, 8, 4)] if quick else TILES
+    backward_tiles = [] if "backward" not in kinds else [(64, 8, 4)] if quick else tiles
     for bt, bd, warps in backward_tiles:
         ms = triton.testing.do_bench(
             lambda bt=bt, bd=bd, w=warps: fused_gru_backward(
@@ -183,10 +213,11 @@ def bench_shape(
 
 
 def bench_block_cell(
-    cell: str, batch: int, steps: int, channels: int, bandwidth: float, sweep: bool
+    cell: str, batch: int, steps: int, channels: int, bandwidth: float, kinds: set[str]
 ) -> list[dict[str, object]]:
-    """ParaLSTM's or ParaSLSTM's default Newton and sequential kernels at one shape (and with
-    ``sweep`` the sequential kernel over BLOCK_SEQUENTIAL_PLANS), beside the cost model."""
+    """ParaLSTM's or ParaSLSTM's default Newton, sequential and backward kernels at one shape
+    beside the cost model, and for each of ``kinds`` that kernel over its sweep
+    (BLOCK_NEWTON_TILES, BLOCK_SEQUENTIAL_PLANS, BLOCK_BACKWARD_TILES)."""
     dev = torch.device("cuda")
     torch.manual_seed(0)
     gates, k = (3, 2) if cell == "lstm" else (4, 3)
@@ -218,7 +249,7 @@ def bench_block_cell(
         dict(shape=[batch, steps, channels], kind=f"{cell}_sequential", default=True, ms=seq_ms),
         dict(shape=[batch, steps, channels], kind=f"{cell}_newton", default=True, ms=newton_ms),
     ]
-    for bd, rows, warps, vec in BLOCK_SEQUENTIAL_PLANS if sweep else []:
+    for bd, rows, warps, vec in BLOCK_SEQUENTIAL_PLANS if "sequential" in kinds else []:
         plan = dict(block_d=bd, rows=rows, num_warps=warps, vec=vec)
         err = (run(u, *weights, **plan) - reference).abs().max().item()
         ms = triton.testing.do_bench(lambda plan=plan: run(u, *weights, **plan))
@@ -233,6 +264,51 @@ def bench_block_cell(
                 plan=list(plan.values()),
                 ms=ms,
                 max_abs_diff=err,
+            )
+        )
+    planner = plan_fused_lstm if cell == "lstm" else plan_fused_slstm
+    for bt, bd, warps in BLOCK_NEWTON_TILES if "newton" in kinds else []:
+        plan = planner(batch, steps, channels, dev, block_t=bt, block_d=bd, num_warps=warps)
+        tiled = solve(u, *weights, plan=plan)
+        err = (tiled.states - reference).abs().max().item()
+        ms = triton.testing.do_bench(lambda plan=plan: solve(u, *weights, plan=plan))
+        print(
+            f"  {cell} newton {bt} x {bd} S={plan.segments} warps={warps}: {ms:.3f} ms "
+            f"({seq_ms / ms:.2f}x seq, iters {tiled.iters}, max diff {err:.1e})"
+        )
+        records.append(
+            dict(
+                shape=[batch, steps, channels],
+                kind=f"{cell}_newton",
+                plan=[bt, bd, plan.segments, warps],
+                ms=ms,
+                max_abs_diff=err,
+                iters=tiled.iters,
+            )
+        )
+    backward = fused_lstm_backward if cell == "lstm" else fused_slstm_backward
+    grad = torch.randn_like(reference)
+    # Reads u, the states and their gradient, writes u's gradient.
+    bwd_floor = (2 * gates + 2 * k) * batch * steps * channels * 4 / bandwidth * 1e3
+    bwd_tiles = BLOCK_BACKWARD_TILES if "backward" in kinds else []
+    for tile in [None, *bwd_tiles]:
+        shape = (
+            {}
+            if tile is None
+            else dict(zip(("block_t", "block_d", "num_warps"), tile, strict=True))
+        )
+        ms = triton.testing.do_bench(
+            lambda shape=shape: backward(u, *weights, None, reference, grad, **shape)
+        )
+        name = "default" if tile is None else " x ".join(map(str, tile[:2])) + f" w={tile[2]}"
+        print(f"  {cell} backward {name}: {ms:.3f} ms ({100 * bwd_floor / ms:.0f}% floor)")
+        records.append(
+            dict(
+                shape=[batch, steps, channels],
+                kind=f"{cell}_backward",
+                default=tile is None,
+                plan=None if tile is None else list(tile),
+                ms=ms,
             )
         )
     return records
@@ -254,23 +330,33 @@ def main() -> None:
         "--shapes", nargs="+", type=parse_shape, default=SHAPES, help="BxTxD shapes"
     )
     parser.add_argument(
+        "--tiles",
+        nargs="+",
+        type=parse_shape,
+        default=TILES,
+        metavar="BTxBDxW",
+        help="the GRU's Newton and backward tiles to sweep, block_t x block_d x warps "
+        "(default: TILES)",
+    )
+    parser.add_argument(
         "--block-cells",
         nargs="*",
         choices=("lstm", "slstm"),
         default=[],
-        help="also time these cells' default kernels (and with --kinds sequential, their "
-        "sequential kernels over BLOCK_SEQUENTIAL_PLANS)",
+        help="also time these cells' default kernels (and, for each of --kinds, that kernel "
+        "over its sweep: BLOCK_NEWTON_TILES, BLOCK_SEQUENTIAL_PLANS, BLOCK_BACKWARD_TILES)",
     )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     bandwidth = copy_bandwidth()
     print(f"copy bandwidth {bandwidth / 1e9:.0f} GB/s")
     records: list[dict[str, object]] = []
-    sweep = "sequential" in args.kinds
     for batch, steps, channels in args.shapes:
-        records += bench_shape(batch, steps, channels, bandwidth, args.quick, set(args.kinds))
+        records += bench_shape(
+            batch, steps, channels, bandwidth, args.quick, set(args.kinds), args.tiles
+        )
         for cell in args.block_cells:
-            records += bench_block_cell(cell, batch, steps, channels, bandwidth, sweep)
+            records += bench_block_cell(cell, batch, steps, channels, bandwidth, set(args.kinds))
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     payload = dict(date=stamp, bandwidth=bandwidth, records=records)
     (args.out / "results.json").write_text(json.dumps(payload, indent=1))
