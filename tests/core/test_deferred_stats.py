@@ -1,11 +1,14 @@
-"""``NewtonConfig(stats="deferred")``: the forward waits for nothing, the stats arrive later.
+"""``NewtonConfig(stats="deferred")`` and ``"device"``: the forward waits for nothing, the stats
+arrive later.
 
-The same solve with ``stats="sync"`` and ``"deferred"`` gives bit-identical states and gradients
-and equal stats; a divergence raises when the deferred stats are first read or in the layer's
-backward (after the backward has queued its work, before any gradient leaves it), not in the
-forward. Unfused paths run everywhere (eager scans on the CPU), the
-fused kernels in the Triton interpreter on the CPU (``TRITON_INTERPRET=1``) and compiled on the
-GPU, where a deferred forward must not synchronize the device at all.
+The same solve with ``stats="sync"``, ``"deferred"`` and ``"device"`` gives bit-identical states
+and gradients and equal stats; a divergence raises when the deferred stats are first read or in
+the layer's backward (after the backward has queued its work, before any gradient leaves it),
+not in the forward; device stats raise from every read and never in the backward. Unfused paths
+run everywhere (eager scans on the CPU), the fused kernels in the Triton interpreter on the CPU
+(``TRITON_INTERPRET=1``) and compiled on the GPU, where a deferred forward must not synchronize
+the device at all and a ``"device"`` layer's forward and backward are captured in a CUDA graph
+whose replays equal eager calls.
 """
 
 from __future__ import annotations
@@ -43,31 +46,53 @@ def _run(cell: pc.ParaCell, x: torch.Tensor, config: pc.NewtonConfig):
 
 def _same_solve(cell: pc.ParaCell, x: torch.Tensor, **settings: object) -> pc.NewtonStats:
     sync = pc.NewtonConfig(**settings)  # type: ignore[arg-type]
-    deferred = dataclasses.replace(sync, stats="deferred")
     states, stats, grads = _run(cell, x, sync)
-    d_states, d_stats, d_grads = _run(cell, x, deferred)
-    assert isinstance(d_stats, pc.DeferredNewtonStats)
     assert not isinstance(stats, pc.DeferredNewtonStats)
-    assert torch.equal(d_states, states)
-    for got, want in zip(d_grads, grads, strict=True):
-        assert torch.equal(got, want)
-    # Every field, equality both ways, the printed form, and a pickled copy.
-    for field in dataclasses.fields(pc.NewtonStats):
-        assert getattr(d_stats, field.name) == getattr(stats, field.name), field.name
-    assert d_stats == stats and stats == d_stats and hash(d_stats) == hash(stats)
-    assert repr(d_stats) == repr(stats)
-    copied = pickle.loads(pickle.dumps(d_stats))
-    assert type(copied) is pc.NewtonStats and copied == stats
-    assert d_stats.resolved() == stats
+    for mode in ("deferred", "device"):
+        d_states, d_stats, d_grads = _run(cell, x, dataclasses.replace(sync, stats=mode))
+        assert isinstance(d_stats, pc.DeferredNewtonStats)
+        assert d_stats.live == (mode == "device")
+        assert torch.equal(d_states, states)
+        for got, want in zip(d_grads, grads, strict=True):
+            assert torch.equal(got, want)
+        # Every field, equality both ways, the printed form, and a pickled copy.
+        for field in dataclasses.fields(pc.NewtonStats):
+            assert getattr(d_stats, field.name) == getattr(stats, field.name), field.name
+        assert d_stats == stats and stats == d_stats and hash(d_stats) == hash(stats)
+        assert repr(d_stats) == repr(stats)
+        copied = pickle.loads(pickle.dumps(d_stats))
+        assert type(copied) is pc.NewtonStats and copied == stats
+        assert d_stats.resolved() == stats
     return stats
 
 
 def test_config_checks_stats() -> None:
     assert pc.NewtonConfig().stats == "sync"
-    with pytest.raises(ValueError, match="stats must be 'sync' or 'deferred', got 'later'"):
+    with pytest.raises(
+        ValueError, match="stats must be 'sync', 'deferred' or 'device', got 'later'"
+    ):
         pc.NewtonConfig(stats="later")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="stats='deferred' needs on_divergence='raise'"):
-        pc.NewtonConfig(stats="deferred", on_divergence="sequential")
+    for mode in ("deferred", "device"):
+        with pytest.raises(ValueError, match=f"stats='{mode}' needs on_divergence='raise'"):
+            pc.NewtonConfig(stats=mode, on_divergence="sequential")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("live", [False, True])
+def test_live_stats_read_anew_at_every_read(live: bool) -> None:
+    """Deferred stats take their values in once; live (``"device"``) stats at every read, so
+    stats captured in a CUDA graph follow its replays."""
+    values = [pc.NewtonStats(1, 0.5, (1.0, 0.5), "fused", False)]
+    calls: list[int] = []
+
+    def resolve() -> pc.NewtonStats:
+        calls.append(1)
+        return values[0]
+
+    stats = pc.DeferredNewtonStats(resolve, live=live)
+    assert stats.iters == 1 and stats.max_residual == 0.5
+    values[0] = pc.NewtonStats(2, 0.25, (1.0, 0.5, 0.25), "fused", True)
+    assert stats.iters == (2 if live else 1) and stats.converged == live
+    assert len(calls) == (4 if live else 1)  # four attribute reads
 
 
 @pytest.mark.parametrize("cls", CELLS)
@@ -90,17 +115,22 @@ def _diverging(config: pc.NewtonConfig) -> pc.NewtonConfig:
 def _check_deferred_divergence(cell: pc.ParaCell, x: torch.Tensor, config: pc.NewtonConfig):
     with pytest.raises(pc.NewtonDivergenceError):
         pc.newton_apply(cell, x, config=_diverging(config))
-    x = x.detach().clone().requires_grad_()
-    deferred = _diverging(dataclasses.replace(config, stats="deferred"))
-    states, stats = pc.newton_apply(cell, x, config=deferred)  # returns: nothing was read yet
-    with pytest.raises(pc.NewtonDivergenceError, match="Newton diverged"):
-        states.sum().backward()
-    assert x.grad is None
-    for _ in range(2):  # every read raises, not only the first
+    for mode in ("deferred", "device"):
+        x = x.detach().clone().requires_grad_()
+        later = _diverging(dataclasses.replace(config, stats=mode))
+        states, stats = pc.newton_apply(cell, x, config=later)  # returns: nothing was read yet
+        if mode == "deferred":
+            with pytest.raises(pc.NewtonDivergenceError, match="Newton diverged"):
+                states.sum().backward()
+            assert x.grad is None
+        else:  # the backward does not look: the gradients arrive, the stats' reads raise
+            states.sum().backward()
+            assert x.grad is not None
+        for _ in range(2):  # every read raises, not only the first
+            with pytest.raises(pc.NewtonDivergenceError, match="Newton diverged"):
+                _ = stats.iters
         with pytest.raises(pc.NewtonDivergenceError):
-            _ = stats.iters
-    with pytest.raises(pc.NewtonDivergenceError):
-        repr(stats)
+            repr(stats)
 
 
 @pytest.mark.parametrize("cls", CELLS)
@@ -240,3 +270,36 @@ def test_fused_deferred_forward_never_syncs_on_gpu(cls: type[pc.ParaCell]) -> No
         finally:
             torch.cuda.set_sync_debug_mode("default")
     assert stats.iters >= 1 and torch.isfinite(states).all()
+
+
+@pytest.mark.parametrize(
+    ("settings", "unfused", "message"),
+    [
+        ({"stats": "sync"}, False, r"needs NewtonConfig\(stats='device'\): stats='sync'"),
+        ({"stats": "deferred"}, True, r"needs NewtonConfig\(stats='device'\): stats='deferred'"),
+        ({"stats": "device", "tol": 1e-6}, True, r"needs NewtonConfig\(tol=None\)"),
+    ],
+)
+def test_capture_refuses_a_solve_that_waits(
+    monkeypatch: pytest.MonkeyPatch, settings: dict[str, Any], unfused: bool, message: str
+) -> None:
+    """While a CUDA graph is captured (stood in for on the CPU), a solve that would wait for
+    the device raises a clear RuntimeError before it starts; ``"device"`` runs."""
+    import pararnn_core._outcome as outcome
+
+    monkeypatch.setattr(outcome, "capturing", lambda device: True)
+    torch.manual_seed(8)
+    cell, x = pc.ParaGRU(3, 5), torch.randn(2, 17, 3)
+    config = pc.NewtonConfig(scan_backend="eager", **settings)
+    with pytest.raises(RuntimeError, match=message):
+        outcome.refuse_while_capturing(config, x, unfused=unfused)
+    with pytest.raises(RuntimeError, match=message):
+        pc.newton_apply(cell, x, config=config)
+    states, stats = pc.newton_apply(
+        cell, x, config=pc.NewtonConfig(scan_backend="eager", stats="device")
+    )
+    assert stats.live and stats.iters == 3 and torch.isfinite(states).all()
+    # The fused path's tol is decided on the device: it captures.
+    outcome.refuse_while_capturing(
+        pc.NewtonConfig(scan_backend="fused", stats="device", tol=1e-6), x, unfused=False
+    )

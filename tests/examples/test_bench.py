@@ -131,11 +131,13 @@ def test_fused_methods_are_skipped_with_a_reason_or_timed(result: BenchResult) -
         assert all("fused_sequential_apply" in reason for reason in reasons)
 
 
+@pytest.mark.parametrize("mode", ["deferred", "device"])
 def test_deferred_newton_stats_time_the_same_solve(
-    result: BenchResult, monkeypatch: pytest.MonkeyPatch
+    result: BenchResult, monkeypatch: pytest.MonkeyPatch, mode: str
 ) -> None:
-    """``newton_stats="deferred"``: the Newton methods run with ``NewtonConfig(stats=
-    "deferred")`` and record the same iterations and residuals as the sync run."""
+    """``newton_stats="deferred"`` or ``"device"``: the Newton methods run with
+    ``NewtonConfig(stats=mode)`` and record the same iterations and residuals as the sync
+    run."""
     asked: list[str] = []
     newton_apply = pc.newton_apply
 
@@ -145,12 +147,13 @@ def test_deferred_newton_stats_time_the_same_solve(
 
     monkeypatch.setattr(pc, "newton_apply", spy)
     deferred = run_bench(
-        tiny(cells=("ParaGRU",), methods=("newton_unfused",), newton_stats="deferred"),
+        tiny(cells=("ParaGRU",), methods=("newton_unfused",), newton_stats=mode),
         progress=False,
     )
-    assert asked and set(asked) == {"deferred"}
-    assert deferred.environment["newton_stats"] == "deferred"
+    assert asked and set(asked) == {mode}
+    assert deferred.environment["newton_stats"] == mode
     assert result.environment["newton_stats"] == "sync"
+    assert result.environment["cuda_graphs"] is False
     sync = {
         (r.scope, r.steps, r.direction): r
         for r in result.records
@@ -300,8 +303,9 @@ def test_registered_peer_methods_plug_in(peer_methods: list[str]) -> None:
         ({"device": "tpu"}, "device must be 'cuda' or 'cpu', got 'tpu'"),
         (
             {"newton_stats": "later"},
-            "newton_stats must be one of \\['sync', 'deferred'\\], got 'later'",
+            "newton_stats must be one of \\['sync', 'deferred', 'device'\\], got 'later'",
         ),
+        ({"cuda_graphs": True}, "cuda_graphs needs device='cuda', got device='cpu'"),
     ],
 )
 def test_bad_configs_name_the_option(overrides: dict[str, object], message: str) -> None:
@@ -440,3 +444,33 @@ def test_a_slow_first_call_is_the_timing_only_when_nothing_compiles(first_is_war
         first_is_warm=first_is_warm,
     )
     assert len(calls) == 3 + 5 and len(timing.times_ms) == 5
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_graphs_time_replays_and_fall_back_with_a_reason() -> None:
+    """``cuda_graphs``: the fused Newton layer (``stats="device"``) is timed by graph replays
+    and still matches the float64 reference; a method whose capture fails is timed by
+    ordinary calls with the reason in its note; a waiting stats mode is refused up front."""
+    with pytest.raises(ValueError, match="cuda_graphs needs newton_stats='device'"):
+        tiny(device="cuda", cuda_graphs=True)
+    config = tiny(
+        device="cuda",
+        cells=("ParaGRU",),
+        shapes=(Shape(2, 256, 24),),
+        methods=("newton_fused", "newton_unfused", "sequential_fused", "cudnn"),
+        scopes=("layer",),
+        cuda_graphs=True,
+        newton_stats="device",
+        repeats=3,
+    )
+    found = run_bench(config, progress=False)
+    assert found.environment["cuda_graphs"] is True
+    by_method = {(r.method, r.direction): r for r in found.records}
+    for direction in ("fwd", "fwd_bwd"):
+        fused = by_method[("newton_fused", direction)]
+        assert fused.status == "ok" and fused.err_ok is True, fused.skipped_reason
+        assert "CUDA graph replays" in fused.note and fused.repeats == 3
+    for r in found.records:
+        assert r.status == "ok", (r.method, r.skipped_reason)
+        assert ("CUDA graph replays" in r.note) != ("not captured in a CUDA graph" in r.note)

@@ -20,11 +20,13 @@ from .cells.base import ParaCell
 from .config import DeferredNewtonStats, NewtonConfig, NewtonDivergenceError, NewtonStats
 
 __all__ = [
+    "capturing",
     "conclude_before_gradients",
     "conclude_solve",
     "deferred_conclusion",
     "max_abs",
     "read_later",
+    "refuse_while_capturing",
     "shift_states",
 ]
 
@@ -108,16 +110,43 @@ def conclude_solve(
     return states, NewtonStats(iters, final, history, label, False, fallback="sequential")
 
 
-def read_later(values: Tensor) -> Callable[[], list[float]]:
+def capturing(device: torch.device) -> bool:
+    """Whether the current CUDA stream is capturing a graph (False off CUDA)."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def refuse_while_capturing(config: NewtonConfig, u: Tensor, *, unfused: bool) -> None:
+    """Raise a clear error when a CUDA graph is being captured and the solve would wait for
+    the device: ``stats`` other than ``"device"``, or ``tol`` on the unfused path (which reads
+    every iteration's residual back)."""
+    if not capturing(u.device):
+        return
+    if config.stats != "device":
+        raise RuntimeError(
+            "capturing a CUDA graph needs NewtonConfig(stats='device'): stats="
+            f"{config.stats!r} waits for the device's statistics (in the forward for 'sync', "
+            "in the backward for 'deferred'), which a graph cannot hold"
+        )
+    if unfused and config.tol is not None:
+        raise RuntimeError(
+            "capturing a CUDA graph needs NewtonConfig(tol=None) on the unfused Newton path "
+            f"(scan_backend={config.scan_backend!r}): tol={config.tol!r} reads every "
+            "iteration's residual back to the host; the fused kernels (scan_backend='fused') "
+            "stop at tol on the device"
+        )
+
+
+def read_later(values: Tensor, *, live: bool = False) -> Callable[[], list[float]]:
     """``values.tolist()`` later, without waiting for the device now.
 
     On CUDA a non-blocking copy to host memory and an event are queued behind the work that
     computes ``values``; the returned function waits on the event (once the device is past it,
     not at all) and reads the copy. Elsewhere the values are read when asked for (the host has
-    computed them already).
+    computed them already). ``live`` (``stats="device"``): nothing is queued; each call reads
+    ``values`` from the device as they are then (in a CUDA graph, the latest replay's).
     """
-    if values.device.type != "cuda":
-        return values.tolist
+    if live or values.device.type != "cuda":
+        return values.detach().tolist
     host = values.detach().to("cpu", non_blocking=True)
     copied = torch.cuda.Event()  # type: ignore[no-untyped-call]
     copied.record()
@@ -140,9 +169,10 @@ def deferred_conclusion(
     detail: str = "",
 ) -> DeferredNewtonStats:
     """Stats that conclude the solve (as :func:`conclude_solve` with ``on_divergence="raise"``)
-    when first read: ``summary()`` gives ``(iters, history, final_residual)``, from copies
-    :func:`read_later` started. Holds no tensor of the layer (``dtype`` and the words of the
-    message are taken now)."""
+    when read (``config.stats``: ``"deferred"`` once, ``"device"`` at every read):
+    ``summary()`` gives ``(iters, history, final_residual)`` through :func:`read_later`. Holds
+    no tensor of the layer but the few statistics (``dtype`` and the words of the message are
+    taken now)."""
     where = _where(cell, u, label, detail)
 
     def resolve() -> NewtonStats:
@@ -152,7 +182,7 @@ def deferred_conclusion(
             raise NewtonDivergenceError(history, config.divergence_threshold, where)
         return stats
 
-    return DeferredNewtonStats(resolve)
+    return DeferredNewtonStats(resolve, live=config.stats == "device")
 
 
 def conclude_before_gradients(stats: NewtonStats) -> None:
@@ -161,7 +191,8 @@ def conclude_before_gradients(stats: NewtonStats) -> None:
     A layer's backward calls this after it has queued its device work and before it returns any
     gradient: a diverged solve raises :class:`NewtonDivergenceError` there, so none of its
     gradients is handed on, while the device already has the backward's work to run during the
-    wait for the forward's statistics.
+    wait for the forward's statistics. Live stats (``stats="device"``) are not read: that mode
+    waits for nothing.
     """
-    if isinstance(stats, DeferredNewtonStats):
+    if isinstance(stats, DeferredNewtonStats) and not stats.live:
         stats.resolved()

@@ -59,6 +59,18 @@ class NewtonConfig:
             ``on_divergence="raise"``: a sequential recomputation cannot wait. The unfused
             path with ``tol`` syncs at every iteration anyway, and the fused kernels with time
             segments once per correction pass; their last read is deferred all the same.
+            ``"device"``: nothing waits, neither the forward nor the backward; the statistics
+            stay in device memory and the layer's :class:`DeferredNewtonStats` reads them when
+            one of its attributes is read, anew at every read (one sync each), so stats taken
+            while capturing a CUDA graph show the latest replay's solve. A divergence raises
+            from a read, and only there: the backward hands its gradients on without looking,
+            so read the stats (or check the loss) before the optimizer step. The mode for
+            capturing a training step in a CUDA graph (``torch.cuda.graph``,
+            ``torch.compile(mode="reduce-overhead")``), where nothing may wait for the device:
+            the fused kernels with one time segment and the unfused path with ``tol=None``
+            capture; a solve that would wait while a graph is being captured (``stats`` other
+            than ``"device"``, ``tol`` on the unfused path, time segments) raises a clear
+            ``RuntimeError`` instead. Needs ``on_divergence="raise"`` as ``"deferred"`` does.
     """
 
     max_iters: int = 3
@@ -68,7 +80,7 @@ class NewtonConfig:
     scan_backend: str = "auto"
     divergence_threshold: float = 1.0e6
     on_divergence: Literal["raise", "sequential"] = "raise"
-    stats: Literal["sync", "deferred"] = "sync"
+    stats: Literal["sync", "deferred", "device"] = "sync"
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_iters, int) or isinstance(self.max_iters, bool):
@@ -93,12 +105,12 @@ class NewtonConfig:
             raise ValueError(
                 f"on_divergence must be 'raise' or 'sequential', got {self.on_divergence!r}"
             )
-        if self.stats not in ("sync", "deferred"):
-            raise ValueError(f"stats must be 'sync' or 'deferred', got {self.stats!r}")
-        if self.stats == "deferred" and self.on_divergence != "raise":
+        if self.stats not in ("sync", "deferred", "device"):
+            raise ValueError(f"stats must be 'sync', 'deferred' or 'device', got {self.stats!r}")
+        if self.stats != "sync" and self.on_divergence != "raise":
             raise ValueError(
-                "stats='deferred' needs on_divergence='raise' (a sequential recomputation after "
-                f"a divergence cannot be deferred), got on_divergence={self.on_divergence!r}"
+                f"stats={self.stats!r} needs on_divergence='raise' (a sequential recomputation "
+                f"after a divergence cannot be deferred), got on_divergence={self.on_divergence!r}"
             )
 
 
@@ -128,21 +140,31 @@ class NewtonStats:
 
 class DeferredNewtonStats(NewtonStats):
     """:class:`NewtonStats` whose values are still on their way from the device
-    (``NewtonConfig(stats="deferred")``).
+    (``NewtonConfig(stats="deferred")`` or ``"device"``).
 
-    Reading any attribute (or comparing, printing, pickling) waits for the copy the solve
-    started, then checks the solve as the synchronous path does: a divergence raises
-    :class:`NewtonDivergenceError` from that read, and from every later one. The layer's
-    backward makes the same check before it runs.
+    Reading any attribute (or comparing, printing, pickling) waits for the values, then checks
+    the solve as the synchronous path does: a divergence raises :class:`NewtonDivergenceError`
+    from that read, and from every later one. ``"deferred"``: the values are the copy the solve
+    started, taken in once; the layer's backward makes the same check before it hands back
+    gradients. ``"device"`` (:attr:`live`): every read takes the values from device memory
+    anew, and the backward does not look.
     """
 
-    def __init__(self, resolve: Callable[[], NewtonStats]) -> None:
+    def __init__(self, resolve: Callable[[], NewtonStats], *, live: bool = False) -> None:
         # Not the dataclass __init__: every field is read from the resolved stats.
         object.__setattr__(self, "_resolve", resolve)
         object.__setattr__(self, "_resolved", None)
+        object.__setattr__(self, "_live", live)
+
+    @property
+    def live(self) -> bool:
+        """Whether every read takes the values from the device anew (``stats="device"``)."""
+        live: bool = object.__getattribute__(self, "_live")
+        return live
 
     def resolved(self) -> NewtonStats:
-        """The plain :class:`NewtonStats` (waits for the device's copy the first time).
+        """The plain :class:`NewtonStats` (waits for the device: the first time, or every time
+        when :attr:`live`).
 
         Raises:
             NewtonDivergenceError: the solve diverged.
@@ -150,7 +172,8 @@ class DeferredNewtonStats(NewtonStats):
         done: NewtonStats | None = object.__getattribute__(self, "_resolved")
         if done is None:
             done = object.__getattribute__(self, "_resolve")()
-            object.__setattr__(self, "_resolved", done)
+            if not self.live:
+                object.__setattr__(self, "_resolved", done)
         return done
 
     def __eq__(self, other: object) -> bool:

@@ -263,9 +263,10 @@ def _sequential_stats(
             raise NewtonDivergenceError((math.inf,), threshold, where)
         return NewtonStats(0, 0.0, (0.0,), "fused_sequential", True)
 
-    if config.stats == "deferred":
-        read = read_later(finite.reshape(1))
-        return DeferredNewtonStats(lambda: conclude(bool(read()[0])))
+    if config.stats != "sync":
+        live = config.stats == "device"
+        read = read_later(finite.reshape(1), live=live)
+        return DeferredNewtonStats(lambda: conclude(bool(read()[0])), live=live)
     return conclude(bool(finite))
 
 
@@ -287,9 +288,10 @@ def _solve(
         initial_guess=config.initial_guess,
     )
     detail = f", {result.passes} pass(es)"
-    if config.stats == "deferred":
-        # The summary holds the small host copy, not the result (whose states it would keep).
-        read, gap = read_later(result.stats), result.boundary_gap
+    if config.stats != "sync":
+        # The summary holds the small stats, not the result (whose states it would keep).
+        read = read_later(result.stats, live=config.stats == "device")
+        gap = result.boundary_gap
         stats = deferred_conclusion(
             cell,
             config,
@@ -360,6 +362,8 @@ def fused_sequential_apply(cell: ParaCell, x: Tensor, h0: Tensor | None = None) 
     h0_t = check_state(cell, h0, x.shape[0], x)
     u = cell.project(x)
     check_fused_supported(u)
-    config = NewtonConfig(scan_backend="fused")
+    # The states are the recurrence itself, returned as they are: no statistics to wait for
+    # (and so no host sync, in eval, in decoding and in a CUDA graph).
+    config = NewtonConfig(scan_backend="fused", stats="device")
     states, _stats = fused_newton_apply(cell, u, h0_t, config, "fused_sequential")
     return states

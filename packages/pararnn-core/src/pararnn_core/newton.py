@@ -27,6 +27,7 @@ from ._outcome import (
     deferred_conclusion,
     max_abs,
     read_later,
+    refuse_while_capturing,
     shift_states,
 )
 from ._validation import check_cell, check_sequence, check_state
@@ -73,15 +74,18 @@ def newton_solve(
 
     Returns:
         ``H [B, T, *S]`` and the :class:`NewtonStats` (a :class:`DeferredNewtonStats` with
-        ``config.stats == "deferred"``).
+        ``config.stats`` ``"deferred"`` or ``"device"``).
 
     Raises:
         NewtonDivergenceError: the residual exceeded ``config.divergence_threshold`` or became
             non-finite and ``config.on_divergence == "raise"`` (or the sequential recomputation
             is not finite either); with ``config.stats == "deferred"`` from the stats' first
-            read or the backward instead.
+            read or the backward instead, with ``"device"`` from a read of the stats.
         ValueError: ``scan_backend="fused"`` (a whole-layer path: :func:`newton_apply` runs it).
+        RuntimeError: a CUDA graph is being captured and the solve would wait for the device
+            (``stats`` not ``"device"``, or ``tol`` set).
     """
+    refuse_while_capturing(config, u, unfused=True)
     backend = get_scan_backend(config.scan_backend)
     structure = cell.structure
     batch, steps = u.shape[:2]
@@ -113,8 +117,8 @@ def newton_solve(
             states = states + config.omega * delta if config.omega != 1.0 else states + delta
             iters += 1
         stacked = torch.stack(residuals)
-    if config.stats == "deferred":
-        read = read_later(stacked)
+    if config.stats != "sync":
+        read = read_later(stacked, live=config.stats == "device")
 
         def summary() -> tuple[int, tuple[float, ...], float]:
             values = tuple(float(v) for v in read())
@@ -219,6 +223,8 @@ def newton_apply(
     Raises:
         TypeError, ValueError: bad ``x`` or ``h0`` (the message names it).
         NewtonDivergenceError: see :class:`~pararnn_core.NewtonConfig`.
+        RuntimeError: a CUDA graph is being captured and the solve would wait for the device
+            (see ``NewtonConfig.stats``).
 
     Example:
         >>> import torch, pararnn_core as pc
@@ -234,6 +240,7 @@ def newton_apply(
     h0_t = check_state(cell, h0, x.shape[0], x)
     u = cell.project(x)
     method = fused_method(cell, u, config)
+    refuse_while_capturing(config, u, unfused=method is None)
     if method is not None:
         return fused_newton_apply(cell, u, h0_t, config, method)
     named = list(cell.named_parameters())

@@ -73,7 +73,7 @@ CELLS: Final[dict[str, Callable[..., pc.ParaCell]]] = {
 #: cotangent into the input and every parameter.
 DIRECTIONS: Final[tuple[str, ...]] = ("fwd", "fwd_bwd")
 #: The values of ``NewtonConfig.stats`` the Newton methods can run with (``--newton-stats``).
-NEWTON_STATS: Final[tuple[str, ...]] = ("sync", "deferred")
+NEWTON_STATS: Final[tuple[str, ...]] = ("sync", "deferred", "device")
 
 
 class Shape(NamedTuple):
@@ -186,7 +186,12 @@ class BenchConfig:
         newton_stats: ``NewtonConfig.stats`` of the Newton methods: ``"sync"`` (the forward reads
             the solve's statistics back before it returns) or ``"deferred"`` (it waits for
             nothing; the statistics are read after the case's first call, and the
-            forward+backward's wait moves into the layer's backward).
+            forward+backward's wait moves into the layer's backward) or ``"device"`` (nothing
+            waits; the statistics are read after the case's first call).
+        cuda_graphs: time every method's calls as replays of a CUDA graph captured after
+            the warm-up (the host's launch work left out); a method whose capture fails is
+            timed by ordinary calls, and its records say why. Needs ``device="cuda"`` and
+            ``newton_stats="device"``.
         copy_bytes: size of the buffer whose device-to-device copy measures the bandwidth
             (None: 4 GiB on CUDA, 64 MiB on the CPU).
         seed: seeds parameters, inputs and cotangents of every case.
@@ -206,7 +211,8 @@ class BenchConfig:
     max_seq_steps: int = 4096
     newton_iters: int = pc.NewtonConfig().max_iters
     newton_tol: float | None = None
-    newton_stats: Literal["sync", "deferred"] = "sync"
+    newton_stats: Literal["sync", "deferred", "device"] = "sync"
+    cuda_graphs: bool = False
     copy_bytes: int | None = None
     seed: int = 0
     fail_fast: bool = False
@@ -242,6 +248,13 @@ class BenchConfig:
         if self.newton_stats not in NEWTON_STATS:
             raise ValueError(
                 f"newton_stats must be one of {list(NEWTON_STATS)}, got {self.newton_stats!r}"
+            )
+        if self.cuda_graphs and self.device != "cuda":
+            raise ValueError(f"cuda_graphs needs device='cuda', got device={self.device!r}")
+        if self.cuda_graphs and self.newton_stats != "device":
+            raise ValueError(
+                "cuda_graphs needs newton_stats='device' (the other modes wait for the "
+                f"device, which a graph cannot hold), got {self.newton_stats!r}"
             )
         if self.copy_bytes is not None:
             _positive_int("copy_bytes", self.copy_bytes)

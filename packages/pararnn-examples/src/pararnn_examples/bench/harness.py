@@ -63,6 +63,7 @@ from .cases import (
 from .measure import (
     Timing,
     copy_bandwidth,
+    cuda_graph_replay,
     floor_bytes,
     l2_flush_buffer,
     measure,
@@ -348,6 +349,8 @@ def _run_method(
             record.newton_residual = stats.max_residual
             record.scan_backend = stats.backend
         fn, first = calls[record.direction]
+        if config.cuda_graphs:
+            fn, first = _graphed(fn, case, config, record)
         try:
             timing = measure(
                 fn,
@@ -364,6 +367,27 @@ def _run_method(
         else:
             _timed(record, timing, floors[record.direction], bandwidth, config)
     return records
+
+
+def _graphed(
+    fn: Callable[[], object], case: Case, config: BenchConfig, record: BenchRecord
+) -> tuple[Callable[[], object], float | None]:
+    """``fn`` as the replay of its CUDA graph (``config.cuda_graphs``), or ``fn`` itself when
+    the capture fails; the record's note says which. The replay compiles nothing, so the
+    measured warm-up call is not reused."""
+    try:
+        replay = cuda_graph_replay(fn, case.device)
+    except Exception as err:
+        if config.fail_fast:
+            raise
+        torch.cuda.synchronize(case.device)
+        why = (
+            f"not captured in a CUDA graph ({type(err).__name__}: {_one_line(err)}): ordinary calls"
+        )
+        record.note = (record.note + "; " if record.note else "") + why
+        return fn, None
+    record.note = (record.note + "; " if record.note else "") + "CUDA graph replays"
+    return replay, None
 
 
 def _add_speedups(records: list[BenchRecord]) -> None:
@@ -424,6 +448,7 @@ def environment(
         "cuda_matmul_allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
         "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
         "newton_stats": config.newton_stats,
+        "cuda_graphs": config.cuda_graphs,
         "argv": sys.argv,
         "peers": [p.as_dict() for p in peers or []],
     }

@@ -38,6 +38,7 @@ __all__ = [
     "TF32_MODES",
     "Timing",
     "copy_bandwidth",
+    "cuda_graph_replay",
     "floor_bytes",
     "l2_flush_buffer",
     "measure",
@@ -122,6 +123,27 @@ def time_call_ms(
     begin = time.perf_counter()
     fn()
     return (time.perf_counter() - begin) * 1e3
+
+
+def cuda_graph_replay(fn: Callable[[], object], device: torch.device) -> Callable[[], None]:
+    """``fn`` captured in a CUDA graph: two warm-up calls on a side stream (as
+    ``torch.cuda.graphs`` asks), one captured call; returns the graph's ``replay``, which
+    repeats the captured work on the tensors the capture used (its own memory pool).
+
+    Raises:
+        RuntimeError: ``fn`` did something a graph cannot hold (waited for the device,
+            copied to the host, ...): the error of the failed capture.
+    """
+    side = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
 
 
 def _wall_ms(fn: Callable[[], object], device: torch.device) -> float:

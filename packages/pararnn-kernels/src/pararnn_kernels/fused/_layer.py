@@ -476,7 +476,12 @@ def newton(
     if not isinstance(max_iters, int) or max_iters < 1:
         raise ValueError(f"max_iters must be an int >= 1, got {max_iters!r}")
     tol = FUSED_DEFAULT_TOL if tol is None else float(tol)
-    plan = plan or plan_fused(spec, batch, steps, channels, u.device)
+    # A CUDA graph cannot hold the segments' host reads: while one is captured the default
+    # plan keeps one segment (chunks from the exact state, fewer programs).
+    capturing = u.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    plan = plan or plan_fused(
+        spec, batch, steps, channels, u.device, segments=1 if capturing else None
+    )
     u = u.contiguous()
     rows = _stacked(weights)
     dev = u.device
@@ -485,6 +490,12 @@ def newton(
     segments = min(plan.segments, math.ceil(steps / plan.block_t))
     seg_len = math.ceil(math.ceil(steps / segments) / plan.block_t) * plan.block_t
     segments = math.ceil(steps / seg_len)
+    if segments > 1 and capturing:
+        raise RuntimeError(
+            f"plan.segments must be 1 while a CUDA graph is captured, got {plan.segments} "
+            f"(B={batch}, T={steps}, d={channels}): the segments' correction passes read the "
+            "boundary mismatch back to the host, which a graph cannot hold"
+        )
     hist_len = triton_next_power_of_2(max_iters + 2)
 
     # Host-side work is a large share of a call at moderate sizes: as few tensor ops as the

@@ -179,6 +179,9 @@ def fused_gru_newton(
         omega: damping of each update.
         initial_guess: ``"step"``: ``h^0_t = f(0, u_t)``; ``"initial_state"``: zeros.
         plan: launch shape; None asks :func:`plan_fused_gru`.
+            While a CUDA graph is being captured the default plan has one segment (the
+            segments' host reads cannot be captured); a given plan with more raises
+            RuntimeError.
 
     Returns:
         :class:`FusedNewtonResult` with ``states [B, T, D]`` in ``u``'s dtype.

@@ -157,6 +157,9 @@ def fused_lstm_newton(
         omega: damping of each update.
         initial_guess: ``"step"``: ``s^0_t = f(0, u_t)``; ``"initial_state"``: zeros.
         plan: launch shape; None asks :func:`plan_fused_lstm`.
+            While a CUDA graph is being captured the default plan has one segment (the
+            segments' host reads cannot be captured); a given plan with more raises
+            RuntimeError.
 
     Returns:
         :class:`~pararnn_kernels.fused.FusedNewtonResult` with ``states [B, T, D, 2]`` in

@@ -168,6 +168,9 @@ def fused_slstm_newton(
         initial_guess: ``"step"``: one step from the empty state, ``s^0_t = f(s_∅, u_t)``;
             ``"initial_state"``: the empty state ``s_∅``.
         plan: launch shape; None asks :func:`plan_fused_slstm`.
+            While a CUDA graph is being captured the default plan has one segment (the
+            segments' host reads cannot be captured); a given plan with more raises
+            RuntimeError.
 
     Returns:
         :class:`~pararnn_kernels.fused.FusedNewtonResult` with ``states [B, T, D, 3]`` in
