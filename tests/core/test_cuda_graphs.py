@@ -3,9 +3,10 @@
 Each cell's fused layer, and the unfused Triton path, is captured forward and backward in one
 ``torch.cuda.graph`` after a warm-up on a side stream; replays on new inputs copied into the
 static input must equal eager calls on the same inputs (float32, 1e-5 relative to each tensor's
-largest value: the same kernels on the same inputs), and the stats taken at capture follow the
-replays. A layer the fused kernels split into time segments when called eagerly runs one
-segment under capture (checked against the float64 sequential recurrence). GPU only.
+largest value: the same kernels on the same inputs), also after the parameters were changed in
+place as an optimizer does, and the stats taken at capture follow the replays. A layer the fused
+kernels split into time segments when called eagerly runs one segment under capture (checked
+against the float64 sequential recurrence). GPU only.
 """
 
 from __future__ import annotations
@@ -90,6 +91,10 @@ def test_layer_captures_and_replays_like_eager_calls(
         x = torch.randn(batch, steps, width, device=dev) * (1.0 + trial)
         with torch.no_grad():
             static_x.copy_(x)
+            if trial:  # an optimizer's in-place update: the replay must read the new values
+                for p, q in zip(cell.parameters(), eager_cell.parameters(), strict=True):
+                    p.mul_(0.9)
+                    q.mul_(0.9)
         graph.replay()
         torch.cuda.synchronize()
         states, grads, stats = _step(eager_cell, x.clone().requires_grad_(), weight, config)

@@ -349,9 +349,9 @@ def _run_method(
             record.newton_residual = stats.max_residual
             record.scan_backend = stats.backend
         fn, first = calls[record.direction]
-        if config.cuda_graphs:
-            fn, first = _graphed(fn, case, config, record)
         try:
+            if config.cuda_graphs:
+                fn, first = _graphed(fn, case, config, record)
             timing = measure(
                 fn,
                 case.device,
