@@ -254,11 +254,13 @@ def test_fused_sequential_deferred_non_finite_raises_on_read() -> None:
 @pytest.mark.parametrize("cls", CELLS)
 def test_fused_deferred_forward_never_syncs_on_gpu(cls: type[pc.ParaCell]) -> None:
     """With ``stats="deferred"`` the fused forward queues its copies and returns: under
-    ``torch.cuda.set_sync_debug_mode("error")`` any synchronizing call would raise."""
+    ``torch.cuda.set_sync_debug_mode("error")`` any synchronizing call would raise. B·d = 2048
+    channels fill the GPU in one time segment (fewer would be split into segments, whose
+    correction passes read the boundary mismatch back, as ``NewtonConfig.stats`` says)."""
     torch.manual_seed(5)
     dev = torch.device("cuda")
-    cell = cls(64, 64).to(dev)
-    x = torch.randn(4, 1024, 64, device=dev)
+    cell = cls(256, 256).to(dev)
+    x = torch.randn(8, 1024, 256, device=dev)
     _same_solve(cell, x, scan_backend="fused")
     deferred = pc.NewtonConfig(scan_backend="fused", stats="deferred")
     with torch.no_grad():
