@@ -5,9 +5,9 @@ Each cell's fused layer, and the unfused Triton path, is captured forward and ba
 static input must equal eager calls on the same inputs (float32, 1e-5 relative to each tensor's
 largest value: converged solves of the same inputs, with as many iterations as convergence
 takes), also after the parameters were changed in place as an optimizer does, and the stats
-taken at capture follow the replays (checked against the captured states' float64 residual). A layer the fused
-kernels split into time segments when called eagerly runs one segment under capture (checked
-against the float64 sequential recurrence). GPU only.
+taken at capture follow the replays (checked against the captured states' float64 residual).
+A layer the fused kernels split into time segments when called eagerly runs one segment under
+capture (checked against the float64 sequential recurrence). GPU only.
 """
 
 from __future__ import annotations

@@ -9,8 +9,9 @@ relative in the result, and half that again from ``log2 e``'s own rounding: 9e-8
 ``ex2.approx`` (2 ulp) and for σ ``rcp.approx`` (1 ulp); measured on an H200: σ(-25.4) off by
 1.7e-6 relative. Results below the smallest normal float32 may flush to zero. ``5e-7`` absolute
 for tanh; ``5e-7 + 2.5e-7 r`` for ``log(1 + |x|)`` (``lg2.approx`` then a float32 product: near
-``r = 69`` one float32 ulp is 7.6e-6, measured on an H100). An infinite reference must be met exactly, a NaN input must give NaN (the
-Newton kernels' divergence check depends on NaN propagating).
+``r = 69`` one float32 ulp is 7.6e-6, measured on an H100). An infinite reference must be met
+exactly, a NaN input must give NaN (the Newton kernels' divergence check depends on NaN
+propagating).
 """
 
 from __future__ import annotations
