@@ -29,6 +29,7 @@ import triton.language as tl
 
 from ..scan._kernels import _combine_block2
 from ._kernels import (
+    _after_rows,
     _partial_slots,
     _pick_row,
     _publish_stats,
@@ -302,11 +303,11 @@ def lstm_backward_kernel(
     nu_h = tl.zeros([BLOCK_D], dtype=tl.float32)
     # Parameter-gradient partials, reduced over each chunk's rows (keeps registers for the
     # six-tile scan; the order of the sums is fixed, so the result is still deterministic).
-    acc_af = tl.zeros([BLOCK_D], dtype=tl.float32)
-    acc_az = tl.zeros([BLOCK_D], dtype=tl.float32)
-    acc_ao = tl.zeros([BLOCK_D], dtype=tl.float32)
-    acc_pf = tl.zeros([BLOCK_D], dtype=tl.float32)
-    acc_po = tl.zeros([BLOCK_D], dtype=tl.float32)
+    acc_af = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
+    acc_az = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
+    acc_ao = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
+    acc_pf = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
+    acc_po = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
     row_base = pid_b.to(tl.int64) * T
     n_f, n_z, n_o, n_gc, n_gh, n_pc, n_ph = _load_backward_chunk(
         u_ptr, grad_ptr, states_ptr, h0_c, h0_h, row_base, T - 1, D, offs_d, mask_d, BLOCK_T
@@ -339,16 +340,19 @@ def lstm_backward_kernel(
         j01 = tl.where(mask, j01, 0.0)
         j10 = tl.where(mask, j10, 0.0)
         j11 = tl.where(mask, j11, 0.0)
-        # ν_t = J_tᵀ ν_{t+1} + J_tᵀ g_t: the pair (J_tᵀ, J_tᵀ g_t) per row.
-        p00, p01, p10, p11, acc_c, acc_h = tl.associative_scan(
+        # ν_t = J_tᵀ (g_t + ν_{t+1}): the pair (J_tᵀ, J_tᵀ g_t) per row, the carry ν from the
+        # chunk after folded into the first row's g, so the scan's vectors are ν itself and its
+        # matrices go unused.
+        first_row = (rows == 0)[:, None]
+        g_c = g_c + tl.where(first_row, nu_c[None, :], 0.0)
+        g_h = g_h + tl.where(first_row, nu_h[None, :], 0.0)
+        _p00, _p01, _p10, _p11, nu_rows_c, nu_rows_h = tl.associative_scan(
             (j00, j10, j01, j11, j00 * g_c + j10 * g_h, j01 * g_c + j11 * g_h),
             0,
             _combine_block2,
         )
-        nu_rows_c = acc_c + p00 * nu_c[None, :] + p01 * nu_h[None, :]
-        nu_rows_h = acc_h + p10 * nu_c[None, :] + p11 * nu_h[None, :]
-        mu_c = tl.where(mask, g_c + _shift_rows(nu_rows_c, before, rows, nu_c), 0.0)
-        mu_h = tl.where(mask, g_h + _shift_rows(nu_rows_h, before, rows, nu_h), 0.0)
+        mu_c = tl.where(mask, g_c + _after_rows(nu_rows_c, before, first_row), 0.0)
+        mu_h = tl.where(mask, g_h + _after_rows(nu_rows_h, before, first_row), 0.0)
 
         # μ through h' = o tanh(c') and c' = z + f (c - z) to the gate pre-activations.
         gu_o = mu_h * s_o
@@ -358,11 +362,11 @@ def lstm_backward_kernel(
         tl.store(grad_u_ptr + offs_u, gu_f.to(grad_u_ptr.dtype.element_ty), mask=mask)
         tl.store(grad_u_ptr + offs_u + D, gu_z.to(grad_u_ptr.dtype.element_ty), mask=mask)
         tl.store(grad_u_ptr + offs_u + 2 * D, gu_o.to(grad_u_ptr.dtype.element_ty), mask=mask)
-        acc_af += tl.sum(gu_f * prev_h, axis=0)
-        acc_az += tl.sum(gu_z * prev_h, axis=0)
-        acc_ao += tl.sum(gu_o * prev_h, axis=0)
-        acc_pf += tl.sum(gu_f * prev_c, axis=0)
-        acc_po += tl.sum(gu_o * c_new, axis=0)
+        acc_af += gu_f * prev_h
+        acc_az += gu_z * prev_h
+        acc_ao += gu_o * prev_h
+        acc_pf += gu_f * prev_c
+        acc_po += gu_o * c_new
 
         if T - 1 - c0 < BLOCK_T:  # the chunk holding step 0: ∂L/∂h0 = ν_0
             h0_out = (pid_b.to(tl.int64) * D + offs_d) * 2
@@ -375,11 +379,11 @@ def lstm_backward_kernel(
         nu_h = _pick_row(nu_rows_h, rows, BLOCK_T - 1)
 
     slot, row_stride = _partial_slots(BLOCK_D)
-    tl.store(grad_w_ptr + slot, acc_af)
-    tl.store(grad_w_ptr + slot + row_stride, acc_az)
-    tl.store(grad_w_ptr + slot + 2 * row_stride, acc_ao)
-    tl.store(grad_w_ptr + slot + 3 * row_stride, acc_pf)
-    tl.store(grad_w_ptr + slot + 4 * row_stride, acc_po)
+    tl.store(grad_w_ptr + slot, tl.sum(acc_af, axis=0))
+    tl.store(grad_w_ptr + slot + row_stride, tl.sum(acc_az, axis=0))
+    tl.store(grad_w_ptr + slot + 2 * row_stride, tl.sum(acc_ao, axis=0))
+    tl.store(grad_w_ptr + slot + 3 * row_stride, tl.sum(acc_pf, axis=0))
+    tl.store(grad_w_ptr + slot + 4 * row_stride, tl.sum(acc_po, axis=0))
 
 
 @triton.jit

@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from ._kernels import (
+    _after_rows,
     _exp,
     _log,
     _partial_slots,
@@ -357,10 +358,10 @@ def slstm_backward_kernel(
     nu_c = tl.zeros([BLOCK_D], dtype=tl.float32)
     nu_l = tl.zeros([BLOCK_D], dtype=tl.float32)
     nu_h = tl.zeros([BLOCK_D], dtype=tl.float32)
-    acc_z = tl.zeros([BLOCK_D], dtype=tl.float32)
-    acc_i = tl.zeros([BLOCK_D], dtype=tl.float32)
-    acc_f = tl.zeros([BLOCK_D], dtype=tl.float32)
-    acc_o = tl.zeros([BLOCK_D], dtype=tl.float32)
+    acc_z = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
+    acc_i = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
+    acc_f = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
+    acc_o = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
     row_base = pid_b.to(tl.int64) * T
     n_z, n_i, n_f, n_o, n_gc, n_gl, n_gh, n_pc, n_pl, n_ph = _load_backward_chunk(
         u_ptr, grad_ptr, states_ptr, h0_c, h0_l, h0_h, row_base, T - 1, D, offs_d, mask_d,
@@ -393,24 +394,28 @@ def slstm_backward_kernel(
         j20 = tl.where(mask, j20, 0.0)
         j21 = tl.where(mask, j21, 0.0)
         j22 = tl.where(mask, j22, 0.0)
-        # ν_t = J_tᵀ ν_{t+1} + J_tᵀ g_t: the pair (J_tᵀ, J_tᵀ g_t) per row.
-        p00, p01, p02, p10, p11, p12, p20, p21, p22, a_c, a_l, a_h = tl.associative_scan(
-            (
-                j00, j10, j20, j01, j11, j21, j02, j12, j22,
-                j00 * g_c + j10 * g_l + j20 * g_h,
-                j01 * g_c + j11 * g_l + j21 * g_h,
-                j02 * g_c + j12 * g_l + j22 * g_h,
-            ),
-            0,
-            _combine_block3,
+        # ν_t = J_tᵀ (g_t + ν_{t+1}): the pair (J_tᵀ, J_tᵀ g_t) per row, the carry ν from the
+        # chunk after folded into the first row's g, so the scan's vectors are ν itself and its
+        # matrices go unused.
+        first_row = (rows == 0)[:, None]
+        g_c = g_c + tl.where(first_row, nu_c[None, :], 0.0)
+        g_l = g_l + tl.where(first_row, nu_l[None, :], 0.0)
+        g_h = g_h + tl.where(first_row, nu_h[None, :], 0.0)
+        _p0, _p1, _p2, _p3, _p4, _p5, _p6, _p7, _p8, nu_rows_c, nu_rows_l, nu_rows_h = (
+            tl.associative_scan(
+                (
+                    j00, j10, j20, j01, j11, j21, j02, j12, j22,
+                    j00 * g_c + j10 * g_l + j20 * g_h,
+                    j01 * g_c + j11 * g_l + j21 * g_h,
+                    j02 * g_c + j12 * g_l + j22 * g_h,
+                ),
+                0,
+                _combine_block3,
+            )
         )  # fmt: skip
-        nc, nl, nh = nu_c[None, :], nu_l[None, :], nu_h[None, :]
-        nu_rows_c = a_c + p00 * nc + p01 * nl + p02 * nh
-        nu_rows_l = a_l + p10 * nc + p11 * nl + p12 * nh
-        nu_rows_h = a_h + p20 * nc + p21 * nl + p22 * nh
-        mu_c = tl.where(mask, g_c + _shift_rows(nu_rows_c, before, rows, nu_c), 0.0)
-        mu_l = tl.where(mask, g_l + _shift_rows(nu_rows_l, before, rows, nu_l), 0.0)
-        mu_h = tl.where(mask, g_h + _shift_rows(nu_rows_h, before, rows, nu_h), 0.0)
+        mu_c = tl.where(mask, g_c + _after_rows(nu_rows_c, before, first_row), 0.0)
+        mu_l = tl.where(mask, g_l + _after_rows(nu_rows_l, before, first_row), 0.0)
+        mu_h = tl.where(mask, g_h + _after_rows(nu_rows_h, before, first_row), 0.0)
 
         # μ through h' = o ĉ', ĉ' = ĉ + λ (z - ĉ), λ = exp(ĩ - ℓ') and ℓ' = logaddexp(...).
         gu_o = mu_h * c_new * o * (1.0 - o)
@@ -425,10 +430,10 @@ def slstm_backward_kernel(
         tl.store(grad_u_ptr + offs_u + D, gu_i.to(ty), mask=mask)
         tl.store(grad_u_ptr + offs_u + 2 * D, gu_f.to(ty), mask=mask)
         tl.store(grad_u_ptr + offs_u + 3 * D, gu_o.to(ty), mask=mask)
-        acc_z += tl.sum(gu_z * prev_h, axis=0)
-        acc_i += tl.sum(gu_i * prev_h, axis=0)
-        acc_f += tl.sum(gu_f * prev_h, axis=0)
-        acc_o += tl.sum(gu_o * prev_h, axis=0)
+        acc_z += gu_z * prev_h
+        acc_i += gu_i * prev_h
+        acc_f += gu_f * prev_h
+        acc_o += gu_o * prev_h
 
         if T - 1 - c0 < BLOCK_T:  # the chunk holding step 0: ∂L/∂h0 = ν_0
             h0_out = grad_h0_ptr + (pid_b.to(tl.int64) * D + offs_d) * 3
@@ -445,10 +450,10 @@ def slstm_backward_kernel(
         nu_h = _pick_row(nu_rows_h, rows, BLOCK_T - 1)
 
     slot, row_stride = _partial_slots(BLOCK_D)
-    tl.store(grad_w_ptr + slot, acc_z)
-    tl.store(grad_w_ptr + slot + row_stride, acc_i)
-    tl.store(grad_w_ptr + slot + 2 * row_stride, acc_f)
-    tl.store(grad_w_ptr + slot + 3 * row_stride, acc_o)
+    tl.store(grad_w_ptr + slot, tl.sum(acc_z, axis=0))
+    tl.store(grad_w_ptr + slot + row_stride, tl.sum(acc_i, axis=0))
+    tl.store(grad_w_ptr + slot + 2 * row_stride, tl.sum(acc_f, axis=0))
+    tl.store(grad_w_ptr + slot + 3 * row_stride, tl.sum(acc_o, axis=0))
 
 
 @triton.jit

@@ -170,6 +170,11 @@ class CellSpec:
             ``B·D`` fills the GPU (cost model).
         sequential_rows: steps per tile of the sequential kernel's default plan, while ``B·D``
             is small and once it fills the GPU (:func:`sequential_plan`).
+        block_d: default Newton channels per program while ``B·D`` is below ``2^15``.
+        num_warps: default warps of a Newton program.
+        backward_block_d: default backward channels per program (beyond the GRU's narrow
+            case, :func:`backward`).
+        backward_num_warps: default warps of a backward program.
     """
 
     name: str
@@ -186,6 +191,10 @@ class CellSpec:
     sequential_work: float
     sequential_bw_share: float
     sequential_rows: tuple[int, int]
+    block_d: int = 4
+    num_warps: int = 2
+    backward_block_d: int = 16
+    backward_num_warps: int = 4
 
     @property
     def k(self) -> int:
@@ -350,7 +359,7 @@ def plan_fused(
     """The Newton launch shape for ``spec``; the model is in ``plan_fused_gru``'s docstring."""
     wide = batch * channels >= _WIDE
     block_t = block_t or (min(64, spec.block_t) if wide else spec.block_t)
-    block_d = block_d or min(8 if wide else 4, triton_next_power_of_2(channels))
+    block_d = block_d or min(8 if wide else spec.block_d, triton_next_power_of_2(channels))
     if segments is None:
         programs = batch * math.ceil(channels / block_d)
         target = 2 * multiprocessor_count(device)
@@ -360,7 +369,7 @@ def plan_fused(
             segments *= 2
     if segments < 1:
         raise ValueError(f"segments must be >= 1, got {segments}")
-    return FusedPlan(block_t, block_d, segments, num_warps or 2)
+    return FusedPlan(block_t, block_d, segments, num_warps or spec.num_warps)
 
 
 def sequential_plan(spec: CellSpec, batch: int, channels: int) -> tuple[int, int, int, int]:
@@ -572,19 +581,20 @@ def backward(
     *,
     block_t: int | None,
     block_d: int | None,
-    num_warps: int,
+    num_warps: int | None,
 ) -> tuple[Tensor, Tensor, list[Tensor]]:
     """Eq. 2.6 backward for any cell: ``grad_u``, ``grad_h0`` and one gradient per parameter."""
     batch, steps, channels = check_layer(spec, u, weights, h0)
     for name, tensor in (("states", states), ("grad_states", grad_states)):
         _check_states(spec, name, tensor, batch, steps, channels)
     # The fastest measured GRU tiles: long and narrow while B·D is small (few programs walk long
-    # sequences), spec.backward_block_t x 8 otherwise; the block cells keep their defaults.
+    # sequences), the cell's default tile otherwise.
     narrow = spec.k == 1 and batch * channels <= 2**10
     block_t = block_t or (512 if narrow else spec.backward_block_t)
     block_d = block_d or min(
-        4 if narrow else (8 if spec.k == 1 else 16), triton_next_power_of_2(channels)
+        4 if narrow else spec.backward_block_d, triton_next_power_of_2(channels)
     )
+    num_warps = num_warps or spec.backward_num_warps
     n_d = math.ceil(channels / block_d)
     dev = u.device
     u = u.contiguous()

@@ -84,6 +84,7 @@ GRU: CellSpec = CellSpec(
     empty=(0.0,),
     block_t=128,
     backward_block_t=128,
+    backward_block_d=8,
     newton_work=1.0,
     sequential_work=1.0,
     sequential_bw_share=0.9,
@@ -214,10 +215,10 @@ def fused_gru_backward(
     *,
     block_t: int | None = None,
     block_d: int | None = None,
-    num_warps: int = 4,
+    num_warps: int | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Eq. 2.6 backward of the GRU layer in one fused reverse pass (default tiles: 512 x 4 while
-    ``B·D <= 2^10``, 128 x 8 otherwise, the fastest measured).
+    ``B·D <= 2^10``, 128 x 8 otherwise, the fastest measured; 4 warps).
 
     Args:
         u: ``[B, T, 3D]``; weight ``[3, D]``; h0 ``[B, D]`` or None (zeros);

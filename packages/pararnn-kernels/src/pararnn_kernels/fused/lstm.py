@@ -194,7 +194,7 @@ def fused_lstm_backward(
     *,
     block_t: int | None = None,
     block_d: int | None = None,
-    num_warps: int = 4,
+    num_warps: int | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Eq. 2.6 backward of the ParaLSTM layer in one fused reverse pass.
 
@@ -203,7 +203,8 @@ def fused_lstm_backward(
         h0: ``[B, D, 2]`` or None (zeros);
         states: ``[B, T, D, 2]`` the converged forward states.
         grad_states: ``[B, T, D, 2]`` ``∂L/∂states`` (any strides).
-        block_t: steps per chunk (None: 32); block_d: channels per program (None: up to 16).
+        block_t: steps per chunk (None: 32); block_d: channels per program (None: up to 16);
+            num_warps: warps per program (None: 4).
 
     Returns:
         ``grad_u [B, T, 3D]`` (u's dtype), ``grad_h0 [B, D, 2]`` (u's dtype),

@@ -203,7 +203,7 @@ def fused_slstm_backward(
     *,
     block_t: int | None = None,
     block_d: int | None = None,
-    num_warps: int = 4,
+    num_warps: int | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Eq. 2.6 backward of the ParaSLSTM(mix="diag") layer in one fused reverse pass.
 
@@ -211,7 +211,8 @@ def fused_slstm_backward(
         u: ``[B, T, 4D]``; recurrent_weight ``[4, D]``; h0 ``[B, D, 3]`` or None (empty state);
         states: ``[B, T, D, 3]`` the converged forward states.
         grad_states: ``[B, T, D, 3]`` ``∂L/∂states`` (any strides).
-        block_t: steps per chunk (None: 32); block_d: channels per program (None: up to 16).
+        block_t: steps per chunk (None: 32); block_d: channels per program (None: up to 16);
+            num_warps: warps per program (None: 4).
 
     Returns:
         ``grad_u [B, T, 4D]`` (u's dtype), ``grad_h0 [B, D, 3]`` (u's dtype),
