@@ -80,23 +80,32 @@ BLOCK_SEQUENTIAL_PLANS = [
     (128, 8, 1, 4),
     (256, 4, 2, 4),
 ]
-#: (block_t, block_d, num_warps) of the block cells' Newton kernels (their defaults, 64 × 4 for
-#: ParaLSTM and 32 × 4 for ParaSLSTM on 2 warps, are timed besides; segments as the plan picks).
+#: (block_t, block_d, num_warps) of the block cells' Newton kernels (their defaults, 128 × 4 on
+#: 4 warps for ParaLSTM and 64 × 4 on 2 warps for ParaSLSTM, are timed besides; segments as the
+#: plan picks).
 BLOCK_NEWTON_TILES = [
-    (16, 4, 1),
-    (32, 2, 1),
     (32, 4, 1),
-    (32, 4, 2),
-    (32, 8, 2),
     (64, 2, 1),
     (64, 4, 2),
     (64, 4, 4),
-    (64, 8, 4),
+    (128, 1, 1),
+    (128, 2, 1),
     (128, 2, 2),
     (128, 4, 4),
+    (256, 1, 1),
+    (256, 2, 2),
 ]
-#: (block_t, block_d, num_warps) of the block cells' backward kernels.
-BLOCK_BACKWARD_TILES = [(16, 8, 4), (32, 4, 2), (32, 8, 4), (32, 16, 4), (64, 4, 4), (64, 8, 4)]
+#: (block_t, block_d, num_warps) of the block cells' backward kernels (the default is timed
+#: besides).
+BLOCK_BACKWARD_TILES = [
+    (16, 8, 4),
+    (32, 8, 4),
+    (32, 16, 8),
+    (64, 4, 4),
+    (64, 8, 4),
+    (128, 1, 1),
+    (128, 2, 2),
+]
 SHAPES = [(8, 1024, 256), (8, 4096, 256), (8, 16384, 256), (64, 4096, 1024), (1, 65536, 256)]
 
 

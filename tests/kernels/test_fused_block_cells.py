@@ -184,6 +184,24 @@ def test_fused_block_cell_in_interpreter(poisoned, cell, steps, segments, with_h
     )
 
 
+@needs_interpreter
+@pytest.mark.parametrize("cell", CELLS)
+@pytest.mark.parametrize("shape", [(2, 17, 5), (1, 17, 1030)], ids=["narrow", "beyond-narrow"])
+def test_fused_block_cell_default_backward_tiles_in_interpreter(poisoned, cell, shape):
+    # The backward with no tile arguments: the narrow tile while B·D <= 2^10, the cell's
+    # default tile beyond (1030 channels: a partial channel block, T = 17: partial chunks).
+    batch, steps, channels = shape
+    u, weights, h0 = cell.layer(batch, steps, channels, "cpu")
+    grad = torch.randn(batch, steps, channels, cell.k)
+    ref_states, ref_gu, ref_gh, ref_gw = _reference(cell, u, weights, h0, grad)
+    g_u, g_h, *g_w = cell.backward(u, *weights, h0, ref_states.float(), grad)
+    label = f"{cell.name} default backward {shape}"
+    assert_close(g_u, ref_gu, tol=F32_TOL, name=f"grad u {label}")
+    _check_states(cell, g_h, ref_gh, F32_TOL, f"grad h0 {label}")
+    for i, (got, ref) in enumerate(zip(g_w, ref_gw, strict=True)):
+        assert_close(got, ref, tol=F32_TOL, name=f"grad parameter {i} {label}")
+
+
 #: (block_d, rows, num_warps, vec) plans of the sequential kernels: the default (64 channels,
 #: 8 steps per tile, 2 channels per thread), 16 steps as the GRU's default, other widths, a
 #: tile longer than the sequence.

@@ -170,11 +170,15 @@ class CellSpec:
             ``B·D`` fills the GPU (cost model).
         sequential_rows: steps per tile of the sequential kernel's default plan, while ``B·D``
             is small and once it fills the GPU (:func:`sequential_plan`).
-        block_d: default Newton channels per program while ``B·D`` is below ``2^15``.
-        num_warps: default warps of a Newton program.
-        backward_block_d: default backward channels per program (beyond the GRU's narrow
-            case, :func:`backward`).
+        block_d: default Newton channels per program while ``B·D`` is below ``2^15`` (8 from
+            there).
+        wide_block_t: default Newton chunk once ``B·D`` reaches ``2^15``.
+        num_warps: default warps of a Newton program while ``B·D`` is below ``2^15`` (2 from
+            there).
+        backward_block_d: default backward channels per program.
         backward_num_warps: default warps of a backward program.
+        backward_narrow: the backward's default ``(block_t, block_d, num_warps)`` while
+            ``B·D <= 2^10`` (few programs walk long sequences: long, narrow tiles).
     """
 
     name: str
@@ -192,9 +196,11 @@ class CellSpec:
     sequential_bw_share: float
     sequential_rows: tuple[int, int]
     block_d: int = 4
+    wide_block_t: int = 64
     num_warps: int = 2
     backward_block_d: int = 16
     backward_num_warps: int = 4
+    backward_narrow: tuple[int, int, int] = (128, 2, 2)
 
     @property
     def k(self) -> int:
@@ -342,6 +348,8 @@ _RESIDENT_PER_SM: Final = 4
 _SEQUENTIAL_PER_SM: Final = 8
 # From this many channels in total (B·D) the kernels are throughput-bound: larger tiles.
 _WIDE: Final = 2**15
+# Up to this many channels in total (B·D) the backward takes the cell's narrow tile.
+_NARROW_BACKWARD: Final = 2**10
 
 
 def plan_fused(
@@ -358,7 +366,7 @@ def plan_fused(
 ) -> FusedPlan:
     """The Newton launch shape for ``spec``; the model is in ``plan_fused_gru``'s docstring."""
     wide = batch * channels >= _WIDE
-    block_t = block_t or (min(64, spec.block_t) if wide else spec.block_t)
+    block_t = block_t or (spec.wide_block_t if wide else spec.block_t)
     block_d = block_d or min(8 if wide else spec.block_d, triton_next_power_of_2(channels))
     if segments is None:
         programs = batch * math.ceil(channels / block_d)
@@ -369,7 +377,7 @@ def plan_fused(
             segments *= 2
     if segments < 1:
         raise ValueError(f"segments must be >= 1, got {segments}")
-    return FusedPlan(block_t, block_d, segments, num_warps or spec.num_warps)
+    return FusedPlan(block_t, block_d, segments, num_warps or (2 if wide else spec.num_warps))
 
 
 def sequential_plan(spec: CellSpec, batch: int, channels: int) -> tuple[int, int, int, int]:
@@ -587,14 +595,15 @@ def backward(
     batch, steps, channels = check_layer(spec, u, weights, h0)
     for name, tensor in (("states", states), ("grad_states", grad_states)):
         _check_states(spec, name, tensor, batch, steps, channels)
-    # The fastest measured GRU tiles: long and narrow while B·D is small (few programs walk long
+    # The fastest measured tiles: long and narrow while B·D is small (few programs walk long
     # sequences), the cell's default tile otherwise.
-    narrow = spec.k == 1 and batch * channels <= 2**10
-    block_t = block_t or (512 if narrow else spec.backward_block_t)
-    block_d = block_d or min(
-        4 if narrow else spec.backward_block_d, triton_next_power_of_2(channels)
-    )
-    num_warps = num_warps or spec.backward_num_warps
+    if batch * channels <= _NARROW_BACKWARD:
+        tile = spec.backward_narrow
+    else:
+        tile = (spec.backward_block_t, spec.backward_block_d, spec.backward_num_warps)
+    block_t = block_t or tile[0]
+    block_d = block_d or min(tile[1], triton_next_power_of_2(channels))
+    num_warps = num_warps or tile[2]
     n_d = math.ceil(channels / block_d)
     dev = u.device
     u = u.contiguous()

@@ -85,6 +85,7 @@ GRU: CellSpec = CellSpec(
     block_t=128,
     backward_block_t=128,
     backward_block_d=8,
+    backward_narrow=(512, 4, 4),
     newton_work=1.0,
     sequential_work=1.0,
     sequential_bw_share=0.9,

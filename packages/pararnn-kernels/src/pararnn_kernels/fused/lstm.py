@@ -70,12 +70,14 @@ LSTM: CellSpec = CellSpec(
     prefix="lstm",
     step=_lstm_step,
     empty=(0.0, 0.0),
-    block_t=64,
+    block_t=128,
     backward_block_t=32,
-    newton_work=2.8,
+    newton_work=2.65,
     sequential_work=1.33,
     sequential_bw_share=0.7,
     sequential_rows=(8, 8),
+    num_warps=4,
+    backward_block_d=8,
 )
 
 
@@ -92,8 +94,9 @@ def plan_fused_lstm(
 ) -> FusedPlan:
     """The launch shape of :func:`fused_lstm_newton`; arguments override the model.
 
-    The model of :func:`~pararnn_kernels.fused.plan_fused_gru`, with chunks of 64 steps by
-    default (the six-tile scan holds three times the GRU's pair in registers).
+    The model of :func:`~pararnn_kernels.fused.plan_fused_gru`, with chunks of 128 steps on 4
+    warps by default (64 steps on 2 warps once ``B·D`` reaches ``2^15``): the fastest tile
+    measured at ``B = 8, d = 256`` (docs/benchmarks.md, 2026-12-06).
     """
     return plan_fused(
         LSTM,
@@ -115,7 +118,7 @@ def choose_fused_lstm_method(
 
     The GRU's model (:func:`~pararnn_kernels.fused.choose_fused_gru_method`) with the LSTM's
     factors: byte floor ``(3 + 2) · B·T·D · size / bandwidth`` (three gates read, two state
-    components written), the sequential step at 1.33 and the Newton chunk step at 2.8 times the
+    components written), the sequential step at 1.33 and the Newton chunk step at 2.65 times the
     GRU's, 70 % of the copy bandwidth for the sequential kernel when ``B·D`` fills the GPU
     (fitted to the fused kernels' times on an H200, docs/benchmarks.md).
     """
@@ -203,8 +206,8 @@ def fused_lstm_backward(
         h0: ``[B, D, 2]`` or None (zeros);
         states: ``[B, T, D, 2]`` the converged forward states.
         grad_states: ``[B, T, D, 2]`` ``∂L/∂states`` (any strides).
-        block_t: steps per chunk (None: 32); block_d: channels per program (None: up to 16);
-            num_warps: warps per program (None: 4).
+        block_t, block_d, num_warps: steps per chunk, channels per program and warps
+            (None: 32 x 8 on 4 warps; 128 x 2 on 2 warps while ``B·D <= 2^10``).
 
     Returns:
         ``grad_u [B, T, 3D]`` (u's dtype), ``grad_h0 [B, D, 2]`` (u's dtype),

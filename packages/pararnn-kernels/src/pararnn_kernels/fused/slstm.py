@@ -82,12 +82,14 @@ SLSTM: CellSpec = CellSpec(
     prefix="slstm",
     step=_slstm_step,
     empty=(0.0, SLSTM_EMPTY_LOG_NORMALISER, 0.0),
-    block_t=32,
-    backward_block_t=32,
-    newton_work=4.5,
+    block_t=64,
+    wide_block_t=32,
+    backward_block_t=16,
+    newton_work=3.6,
     sequential_work=1.94,
     sequential_bw_share=0.55,
     sequential_rows=(8, 4),
+    backward_block_d=8,
 )
 
 
@@ -104,8 +106,10 @@ def plan_fused_slstm(
 ) -> FusedPlan:
     """The launch shape of :func:`fused_slstm_newton`; arguments override the model.
 
-    The model of :func:`~pararnn_kernels.fused.plan_fused_gru`, with chunks of 32 steps by
-    default (the twelve-tile scan holds six times the GRU's pair in registers).
+    The model of :func:`~pararnn_kernels.fused.plan_fused_gru`, with chunks of 64 steps by
+    default (two steps per thread in the twelve-tile scan; 32-step chunks spread one step per
+    thread and ran 1.25x slower at ``B = 8, d = 256``, docs/benchmarks.md, 2026-12-06), and 32
+    once ``B·D`` reaches ``2^15``.
     """
     return plan_fused(
         SLSTM,
@@ -127,7 +131,7 @@ def choose_fused_slstm_method(
 
     The GRU's model (:func:`~pararnn_kernels.fused.choose_fused_gru_method`) with the sLSTM's
     factors: byte floor ``(4 + 3) · B·T·D · size / bandwidth``, the sequential step at 1.94 and
-    the Newton chunk step at 4.5 times the GRU's, 55 % of the copy bandwidth for the sequential
+    the Newton chunk step at 3.6 times the GRU's, 55 % of the copy bandwidth for the sequential
     kernel when ``B·D`` fills the GPU (fitted to the fused kernels' times on an H200,
     docs/benchmarks.md).
     """
@@ -211,8 +215,8 @@ def fused_slstm_backward(
         u: ``[B, T, 4D]``; recurrent_weight ``[4, D]``; h0 ``[B, D, 3]`` or None (empty state);
         states: ``[B, T, D, 3]`` the converged forward states.
         grad_states: ``[B, T, D, 3]`` ``∂L/∂states`` (any strides).
-        block_t: steps per chunk (None: 32); block_d: channels per program (None: up to 16);
-            num_warps: warps per program (None: 4).
+        block_t, block_d, num_warps: steps per chunk, channels per program and warps
+            (None: 16 x 8 on 4 warps; 128 x 2 on 2 warps while ``B·D <= 2^10``).
 
     Returns:
         ``grad_u [B, T, 4D]`` (u's dtype), ``grad_h0 [B, D, 3]`` (u's dtype),
