@@ -151,9 +151,17 @@ def _check_layer(cell, u, weights, h0, plan, tol, label, *, backward_block_t=Non
         assert result.max_residual <= 1e-5, f"{label}: stopped at residual {result.max_residual}"
     sequential = cell.sequential(low_u, *weights, h0)
     _check_states(cell, sequential, ref_states, tol, f"sequential {label}")
-    g_u, g_h, *g_w = cell.backward(
+    grads = cell.backward(
         low_u, *weights, h0, ref_states.to(low_u.dtype), grad, block_t=backward_block_t
     )
+    _check_gradients(cell, weights, grads, (ref_gu, ref_gh, ref_gw), tol, label)
+
+
+def _check_gradients(cell, weights, grads, refs, tol, label):
+    """``grads`` ``(∂u, ∂h0, ∂parameter...)`` against ``refs`` ``(∂u, ∂h0, [∂parameter...])``
+    of :func:`_reference`, ``∂u`` gate by gate."""
+    (g_u, g_h, *g_w), (ref_gu, ref_gh, ref_gw) = grads, refs
+    channels = weights[0].shape[1]
     assert g_u.shape == ref_gu.shape and g_h.shape == ref_gh.shape
     for i, gate in enumerate(cell.gates):
         block = slice(i * channels, (i + 1) * channels)
@@ -193,13 +201,9 @@ def test_fused_block_cell_default_backward_tiles_in_interpreter(poisoned, cell, 
     batch, steps, channels = shape
     u, weights, h0 = cell.layer(batch, steps, channels, "cpu")
     grad = torch.randn(batch, steps, channels, cell.k)
-    ref_states, ref_gu, ref_gh, ref_gw = _reference(cell, u, weights, h0, grad)
-    g_u, g_h, *g_w = cell.backward(u, *weights, h0, ref_states.float(), grad)
-    label = f"{cell.name} default backward {shape}"
-    assert_close(g_u, ref_gu, tol=F32_TOL, name=f"grad u {label}")
-    _check_states(cell, g_h, ref_gh, F32_TOL, f"grad h0 {label}")
-    for i, (got, ref) in enumerate(zip(g_w, ref_gw, strict=True)):
-        assert_close(got, ref, tol=F32_TOL, name=f"grad parameter {i} {label}")
+    ref_states, *refs = _reference(cell, u, weights, h0, grad)
+    grads = cell.backward(u, *weights, h0, ref_states.float(), grad)
+    _check_gradients(cell, weights, grads, refs, F32_TOL, f"{cell.name} default backward {shape}")
 
 
 #: (block_d, rows, num_warps, vec) plans of the sequential kernels: the default (64 channels,

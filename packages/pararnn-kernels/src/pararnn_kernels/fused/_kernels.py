@@ -430,12 +430,6 @@ def _shift_rows(x, before, rows, carry):
 
 
 @triton.jit
-def _after_rows(x, before, first_row):
-    """Row ``i`` gets row ``i - 1`` of ``x``; row 0 (``first_row``) gets 0."""
-    return tl.where(first_row, 0.0, tl.gather(x, before, 0))
-
-
-@triton.jit
 def _publish_stats(stats_ptr, hist, slots, most_iters, HIST: tl.constexpr):
     # Every stat is a max over programs (and passes): atomic maxima into one buffer, so no
     # reduction kernel runs after the solve. Entries no chunk reached stay at the buffer's

@@ -29,7 +29,6 @@ import triton.language as tl
 
 from ..scan._kernels import _combine_block2
 from ._kernels import (
-    _after_rows,
     _partial_slots,
     _pick_row,
     _publish_stats,
@@ -297,12 +296,14 @@ def lstm_backward_kernel(
     h0_c = tl.load(h0_ptr + h0_slot, mask=mask_d, other=0.0).to(tl.float32)
     h0_h = tl.load(h0_ptr + h0_slot + 1, mask=mask_d, other=0.0).to(tl.float32)
     before = tl.maximum(rows - 1, 0)[:, None] + tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.int32)
+    first_row = (rows == 0)[:, None]
+    no_carry = tl.zeros([BLOCK_D], dtype=tl.float32)
 
     # ν at the step after this chunk's first row (zero after the last step).
     nu_c = tl.zeros([BLOCK_D], dtype=tl.float32)
     nu_h = tl.zeros([BLOCK_D], dtype=tl.float32)
-    # Parameter-gradient partials, reduced over each chunk's rows (keeps registers for the
-    # six-tile scan; the order of the sums is fixed, so the result is still deterministic).
+    # Parameter-gradient partials per (row, channel), reduced over the rows once at the end
+    # (a fixed order, so the result is deterministic).
     acc_af = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
     acc_az = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
     acc_ao = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
@@ -343,7 +344,6 @@ def lstm_backward_kernel(
         # ν_t = J_tᵀ (g_t + ν_{t+1}): the pair (J_tᵀ, J_tᵀ g_t) per row, the carry ν from the
         # chunk after folded into the first row's g, so the scan's vectors are ν itself and its
         # matrices go unused.
-        first_row = (rows == 0)[:, None]
         g_c = g_c + tl.where(first_row, nu_c[None, :], 0.0)
         g_h = g_h + tl.where(first_row, nu_h[None, :], 0.0)
         _p00, _p01, _p10, _p11, nu_rows_c, nu_rows_h = tl.associative_scan(
@@ -351,8 +351,8 @@ def lstm_backward_kernel(
             0,
             _combine_block2,
         )
-        mu_c = tl.where(mask, g_c + _after_rows(nu_rows_c, before, first_row), 0.0)
-        mu_h = tl.where(mask, g_h + _after_rows(nu_rows_h, before, first_row), 0.0)
+        mu_c = tl.where(mask, g_c + _shift_rows(nu_rows_c, before, rows, no_carry), 0.0)
+        mu_h = tl.where(mask, g_h + _shift_rows(nu_rows_h, before, rows, no_carry), 0.0)
 
         # μ through h' = o tanh(c') and c' = z + f (c - z) to the gate pre-activations.
         gu_o = mu_h * s_o

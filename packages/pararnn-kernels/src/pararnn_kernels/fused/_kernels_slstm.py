@@ -19,7 +19,6 @@ import triton
 import triton.language as tl
 
 from ._kernels import (
-    _after_rows,
     _exp,
     _log,
     _partial_slots,
@@ -354,6 +353,8 @@ def slstm_backward_kernel(
     h0_l = tl.load(h0_ptr + h0_slot + 1, mask=mask_d, other=0.0).to(tl.float32)
     h0_h = tl.load(h0_ptr + h0_slot + 2, mask=mask_d, other=0.0).to(tl.float32)
     before = tl.maximum(rows - 1, 0)[:, None] + tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.int32)
+    first_row = (rows == 0)[:, None]
+    no_carry = tl.zeros([BLOCK_D], dtype=tl.float32)
 
     nu_c = tl.zeros([BLOCK_D], dtype=tl.float32)
     nu_l = tl.zeros([BLOCK_D], dtype=tl.float32)
@@ -397,7 +398,6 @@ def slstm_backward_kernel(
         # ν_t = J_tᵀ (g_t + ν_{t+1}): the pair (J_tᵀ, J_tᵀ g_t) per row, the carry ν from the
         # chunk after folded into the first row's g, so the scan's vectors are ν itself and its
         # matrices go unused.
-        first_row = (rows == 0)[:, None]
         g_c = g_c + tl.where(first_row, nu_c[None, :], 0.0)
         g_l = g_l + tl.where(first_row, nu_l[None, :], 0.0)
         g_h = g_h + tl.where(first_row, nu_h[None, :], 0.0)
@@ -413,9 +413,9 @@ def slstm_backward_kernel(
                 _combine_block3,
             )
         )  # fmt: skip
-        mu_c = tl.where(mask, g_c + _after_rows(nu_rows_c, before, first_row), 0.0)
-        mu_l = tl.where(mask, g_l + _after_rows(nu_rows_l, before, first_row), 0.0)
-        mu_h = tl.where(mask, g_h + _after_rows(nu_rows_h, before, first_row), 0.0)
+        mu_c = tl.where(mask, g_c + _shift_rows(nu_rows_c, before, rows, no_carry), 0.0)
+        mu_l = tl.where(mask, g_l + _shift_rows(nu_rows_l, before, rows, no_carry), 0.0)
+        mu_h = tl.where(mask, g_h + _shift_rows(nu_rows_h, before, rows, no_carry), 0.0)
 
         # μ through h' = o ĉ', ĉ' = ĉ + λ (z - ĉ), λ = exp(ĩ - ℓ') and ℓ' = logaddexp(...).
         gu_o = mu_h * c_new * o * (1.0 - o)

@@ -163,7 +163,8 @@ class CellSpec:
         step: the cell step in torch (segment guesses and the pure-torch reference).
         empty: the empty state's value per component (zeros except sLSTM's log-normaliser).
         block_t: default Newton chunk (steps), picked so the scan tuple fits in registers.
-        backward_block_t: default backward chunk.
+        backward_tile: the backward's default ``(block_t, block_d, num_warps)`` while ``B·D``
+            is above ``2^10``.
         newton_work: one Newton chunk step of this cell in units of the GRU's (cost model).
         sequential_work: one sequential step in units of the GRU's (cost model).
         sequential_bw_share: the share of the copy bandwidth the sequential kernel reaches when
@@ -175,8 +176,6 @@ class CellSpec:
         wide_block_t: default Newton chunk once ``B·D`` reaches ``2^15``.
         num_warps: default warps of a Newton program while ``B·D`` is below ``2^15`` (2 from
             there).
-        backward_block_d: default backward channels per program.
-        backward_num_warps: default warps of a backward program.
         backward_narrow: the backward's default ``(block_t, block_d, num_warps)`` while
             ``B·D <= 2^10`` (few programs walk long sequences: long, narrow tiles).
     """
@@ -190,7 +189,7 @@ class CellSpec:
     step: TorchStep
     empty: tuple[float, ...]
     block_t: int
-    backward_block_t: int
+    backward_tile: tuple[int, int, int]
     newton_work: float
     sequential_work: float
     sequential_bw_share: float
@@ -198,8 +197,6 @@ class CellSpec:
     block_d: int = 4
     wide_block_t: int = 64
     num_warps: int = 2
-    backward_block_d: int = 16
-    backward_num_warps: int = 4
     backward_narrow: tuple[int, int, int] = (128, 2, 2)
 
     @property
@@ -597,10 +594,7 @@ def backward(
         _check_states(spec, name, tensor, batch, steps, channels)
     # The fastest measured tiles: long and narrow while B·D is small (few programs walk long
     # sequences), the cell's default tile otherwise.
-    if batch * channels <= _NARROW_BACKWARD:
-        tile = spec.backward_narrow
-    else:
-        tile = (spec.backward_block_t, spec.backward_block_d, spec.backward_num_warps)
+    tile = spec.backward_narrow if batch * channels <= _NARROW_BACKWARD else spec.backward_tile
     block_t = block_t or tile[0]
     block_d = block_d or min(tile[1], triton_next_power_of_2(channels))
     num_warps = num_warps or tile[2]

@@ -71,13 +71,12 @@ LSTM: CellSpec = CellSpec(
     step=_lstm_step,
     empty=(0.0, 0.0),
     block_t=128,
-    backward_block_t=32,
+    backward_tile=(32, 8, 4),
     newton_work=2.65,
     sequential_work=1.33,
     sequential_bw_share=0.7,
     sequential_rows=(8, 8),
     num_warps=4,
-    backward_block_d=8,
 )
 
 

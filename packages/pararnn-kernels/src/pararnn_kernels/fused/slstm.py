@@ -84,12 +84,11 @@ SLSTM: CellSpec = CellSpec(
     empty=(0.0, SLSTM_EMPTY_LOG_NORMALISER, 0.0),
     block_t=64,
     wide_block_t=32,
-    backward_block_t=16,
+    backward_tile=(16, 8, 4),
     newton_work=3.6,
     sequential_work=1.94,
     sequential_bw_share=0.55,
     sequential_rows=(8, 4),
-    backward_block_d=8,
 )
 
 
