@@ -278,7 +278,7 @@ def _fused_launches(rec: _Recorder) -> None:
                     )
                 rec.origin = f"{spec.name} backward {where}"
                 _layer.backward(
-                    spec, u, weights, h0, states, states, block_t=None, block_d=None, num_warps=4
+                    spec, u, weights, h0, states, states, block_t=None, block_d=None, num_warps=None
                 )
                 rec.origin = f"{spec.name} sequential {where}"
                 _layer.sequential(spec, u, weights, None, block_d=None)
