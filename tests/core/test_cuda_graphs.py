@@ -19,6 +19,7 @@ import pytest
 import torch
 
 import pararnn_core as pc
+from pararnn_kernels.fused import plan_fused_gru
 
 pytestmark = [
     pytest.mark.cuda,
@@ -76,7 +77,7 @@ def _residual64(cell: pc.ParaCell, x: torch.Tensor, states: torch.Tensor) -> flo
     [
         *((cls, "fused", (4, 1000, 48)) for cls in CELLS),
         (pc.ParaGRU, "triton", (4, 63, 48)),
-        (pc.ParaGRU, "fused", (1, 4096, 40)),  # eagerly split into segments
+        (pc.ParaGRU, "fused", (1, 32768, 40)),  # eagerly split into segments
     ],
 )
 def test_layer_captures_and_replays_like_eager_calls(
@@ -97,6 +98,8 @@ def test_layer_captures_and_replays_like_eager_calls(
     def step() -> None:
         out[:] = [_step(cell, static_x, weight, config)]
 
+    if batch == 1:  # the case is there for the eager split: it must still happen
+        assert plan_fused_gru(batch, steps, width, dev).segments > 1
     graph = _captured(step)
     captured_states, captured_grads, captured_stats = out[0]
     assert isinstance(captured_stats, pc.DeferredNewtonStats) and captured_stats.live

@@ -343,14 +343,20 @@ def test_block_plans_and_cost_models_are_sane(cell, monkeypatch):
     cpu = torch.device("cpu")
     assert cell.plan(64, 4096, 1024, cpu).segments == 1  # many programs: no segments
     assert cell.plan(1, 65536, 16, cpu).segments > 1  # few programs: split time
+    assert cell.plan(1, 4096, 256, cpu).segments == 1  # ... unless the chains are short
     assert cell.plan(1, 100, 16, cpu, block_t=8).block_t == 8
     with pytest.raises(ValueError, match="segments must be >= 1"):
         cell.plan(1, 100, 16, cpu, segments=0)
-    # The picks measured in docs/benchmarks.md (2026-12-04): long latency-bound sequences go to
-    # Newton; short ones, bandwidth-bound ones and a single step to the sequential kernel.
+    # The picks measured in docs/benchmarks.md (2026-12-06): long latency-bound sequences go to
+    # Newton (1.26-1.85x faster at T = 1024 already); bandwidth-bound ones (B·D = 8192: the
+    # sequential kernel 1.7-2.6x faster; B·D = 2^16) and a single step to the sequential kernel.
+    # At T = 512 Newton was 1.64x faster for the LSTM and 1.17x for the sLSTM.
+    assert cell.choose(8, 512, 256, cpu, torch.float32) == "newton"
+    assert cell.choose(8, 1024, 256, cpu, torch.float32) == "newton"
     assert cell.choose(8, 4096, 256, cpu, torch.float32) == "newton"
     assert cell.choose(1, 65536, 256, cpu, torch.float32) == "newton"
-    assert cell.choose(8, 512, 256, cpu, torch.float32) == "sequential"
+    assert cell.choose(32, 4096, 256, cpu, torch.float32) == "sequential"
+    assert cell.choose(8, 4096, 1024, cpu, torch.float32) == "sequential"
     assert cell.choose(64, 4096, 1024, cpu, torch.float32) == "sequential"
     assert cell.choose(4, 1, 16, cpu, torch.float32) == "sequential"
     # The pick is the smaller estimate, and the estimates grow with T.

@@ -189,6 +189,14 @@ def test_plan_and_cost_model_are_sane(monkeypatch):
     assert plan_fused_gru(64, 4096, 1024, cpu).segments == 1  # many programs: no segments
     assert plan_fused_gru(1, 65536, 256, cpu).segments == 8  # few programs: split time
     assert plan_fused_gru(1, 100, 16, cpu).segments == 1  # a single chunk is never split
+    # Segments only where the chains they cut outweigh their second pass and fixed cost (the
+    # sweep of docs/benchmarks.md, 2026-12-06: 8 segments 1.6x faster at T = 65536, 1.26x at
+    # 32768, 1.23x slower at 16384 and 4.2x slower at 4096; 32 at 64 channels 2.8x faster).
+    assert plan_fused_gru(1, 32768, 256, cpu).segments == 8
+    assert plan_fused_gru(1, 65536, 64, cpu).segments == 32
+    assert plan_fused_gru(1, 16384, 256, cpu).segments == 1
+    assert plan_fused_gru(1, 4096, 256, cpu).segments == 1
+    assert plan_fused_gru(4, 16384, 256, cpu).segments == 1
     with pytest.raises(ValueError, match="segments must be >= 1"):
         plan_fused_gru(1, 100, 16, cpu, segments=0)
     picks = {
@@ -206,10 +214,9 @@ def test_plan_and_cost_model_are_sane(monkeypatch):
     }
     assert picks == {
         (8, 128, 256): "sequential",
-        (8, 256, 256): "sequential",
-        # Near the crossover: measured 1.19x for Newton on one host and 1.34x for the
-        # sequential kernel on another (docs/benchmarks.md, 2026-12-04).
-        (8, 512, 256): "sequential",
+        # Newton 1.65-1.78x and 2.2x faster (docs/benchmarks.md, 2026-12-06, three rounds).
+        (8, 256, 256): "newton",
+        (8, 512, 256): "newton",
         (8, 1024, 256): "newton",
         (8, 4096, 256): "newton",
         (8, 16384, 256): "newton",

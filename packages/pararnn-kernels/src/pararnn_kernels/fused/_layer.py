@@ -39,6 +39,8 @@ __all__ = [
     "HBM_BYTES_PER_S",
     "MAX_SEGMENT_PASSES",
     "NEWTON_CHUNK_S",
+    "NEWTON_SM_CHUNK_S",
+    "SEGMENTS_FIXED_S",
     "SEQUENTIAL_STEP_S",
     "CellSpec",
     "FusedNewtonResult",
@@ -165,7 +167,10 @@ class CellSpec:
         block_t: default Newton chunk (steps), picked so the scan tuple fits in registers.
         backward_tile: the backward's default ``(block_t, block_d, num_warps)`` while ``B·D``
             is above ``2^10``.
-        newton_work: one Newton chunk step of this cell in units of the GRU's (cost model).
+        newton_work: a Newton chunk's multiprocessor time in units of the GRU's (cost model:
+            what bounds many programs per multiprocessor).
+        newton_latency: a Newton chunk's latency in units of the GRU's (cost model: what
+            bounds a program alone on its multiprocessor).
         sequential_work: one sequential step in units of the GRU's (cost model).
         sequential_bw_share: the share of the copy bandwidth the sequential kernel reaches when
             ``B·D`` fills the GPU (cost model).
@@ -191,6 +196,7 @@ class CellSpec:
     block_t: int
     backward_tile: tuple[int, int, int]
     newton_work: float
+    newton_latency: float
     sequential_work: float
     sequential_bw_share: float
     sequential_rows: tuple[int, int]
@@ -323,25 +329,28 @@ def _stacked(weights: Sequence[Tensor]) -> Tensor:
     return torch.cat([w.detach() for w in weights]).contiguous()
 
 
-# Cost-model constants, measured on an H200 in float32 on the GRU kernels with
-# benchmarks/bench_fused.py (docs/benchmarks.md has the sweep): a Newton chunk of 128 steps takes
-# about NEWTON_CHUNK_S per wave of resident programs, plus NEWTON_FIXED_S per call (the host work
-# around the launch and the stats read-back; 0.35 ms until the launches stopped going through
-# wrap_triton's higher-order op, refitted to 0.07 ms then, 0.05 ms on the Newton times at T =
-# 512-16384 of 2026-12-04 00:11 UTC, and 0.1 ms when the same kernels' times on the next session's
-# machine, 3 hours later, had an intercept of about 0.14 ms at the same 6.6 us per chunk: most
-# likely the host's share, which varies); the sequential kernel takes SEQUENTIAL_STEP_S per step
-# per wave (refitted 2026-12-04 to the GRU kernel that walks whole tiles per thread: 0.16 us, was
-# 0.25 us) and reaches its CellSpec's sequential_bw_share of the copy bandwidth when B·D fills the
-# GPU. The block cells scale the two times by their CellSpec work factors, fitted with their
-# bandwidth shares to bench_fused.py's times of their default kernels at B = 8, d = 256, T =
-# 512-65536 and at B = 64, d = 1024 on the same GPU (2026-12-04, docs/benchmarks.md).
-NEWTON_CHUNK_S: Final = 6.5e-6
-NEWTON_FIXED_S: Final = 0.1e-3
-SEQUENTIAL_STEP_S: Final = 0.16e-6
+# Cost-model constants, measured in float32 with benchmarks/bench_fused.py and a time-segment
+# sweep (docs/benchmarks.md, 2026-12-06; on an H100, whose 132 multiprocessors and clocks match
+# the H200's: the GRU kernels' times there were within 3 % of the H200's of 2026-12-05). A
+# program walks its chunks one after the other: a 128-step chunk of a 4-channel tile takes
+# NEWTON_CHUNK_S when its program is alone on a multiprocessor, and programs sharing one take
+# NEWTON_SM_CHUNK_S of its time per chunk each, so a call takes the longer of the chain of one
+# program's chunks and the multiprocessors' share of all of them, plus NEWTON_FIXED_S; time
+# segments add a second pass and SEGMENTS_FIXED_S (their guesses, the boundary correction and
+# its host read). The block cells scale the chunk times by their CellSpec factors. The
+# sequential kernel takes SEQUENTIAL_STEP_S per step per wave and reaches its CellSpec's
+# sequential_bw_share of the copy bandwidth when B·D fills the GPU. Against the 115 Newton times
+# of that day (every cell; T = 256-65536, B = 1-64; every plan and segment count timed) the
+# estimates were 0.72-1.35x, median 1.01. Before 2026-12-06: one time per chunk and wave of four
+# programs per multiprocessor (6.5 us, fitted to slower kernels), 0.1 ms per call and 0.16 us
+# per sequential step.
+NEWTON_CHUNK_S: Final = 2.9e-6
+NEWTON_SM_CHUNK_S: Final = 1.05e-6
+NEWTON_FIXED_S: Final = 0.02e-3
+SEGMENTS_FIXED_S: Final = 0.45e-3
+SEQUENTIAL_STEP_S: Final = 0.12e-6
 #: The copy bandwidth of an H200 (bytes read plus written per second), for the byte floor.
 HBM_BYTES_PER_S: Final = 4.3e12
-_RESIDENT_PER_SM: Final = 4
 _SEQUENTIAL_PER_SM: Final = 8
 # From this many channels in total (B·D) the kernels are throughput-bound: larger tiles.
 _WIDE: Final = 2**15
@@ -366,15 +375,47 @@ def plan_fused(
     block_t = block_t or (spec.wide_block_t if wide else spec.block_t)
     block_d = block_d or min(8 if wide else spec.block_d, triton_next_power_of_2(channels))
     if segments is None:
+        # The fewest segments of the fastest estimate, powers of two up to two programs per
+        # multiprocessor (and at least a chunk per segment): segments shorten each program's
+        # chain of chunks, but pay a second pass and a fixed cost.
+        sms = multiprocessor_count(device)
         programs = batch * math.ceil(channels / block_d)
-        target = 2 * multiprocessor_count(device)
         chunks = math.ceil(steps / block_t)
-        segments = 1
-        while programs * segments < target and 2 * segments <= chunks:
-            segments *= 2
+        candidates = [1]
+        while programs * candidates[-1] < 2 * sms and 2 * candidates[-1] <= chunks:
+            candidates.append(2 * candidates[-1])
+        segments = min(
+            candidates,
+            key=lambda s: _newton_seconds(
+                spec, batch, steps, channels, block_t, block_d, s, sms, 0.0
+            ),
+        )
     if segments < 1:
         raise ValueError(f"segments must be >= 1, got {segments}")
     return FusedPlan(block_t, block_d, segments, num_warps or (2 if wide else spec.num_warps))
+
+
+def _newton_seconds(
+    spec: CellSpec,
+    batch: int,
+    steps: int,
+    channels: int,
+    block_t: int,
+    block_d: int,
+    segments: int,
+    multiprocessors: int,
+    floor: float,
+) -> float:
+    """The cost model's time of one fused Newton call on a plan (see :func:`estimate_seconds`)."""
+    programs = batch * math.ceil(channels / block_d) * segments
+    lengths = math.ceil(steps / (segments * block_t)) * block_t / 128  # 128-step chunks
+    passes = 1 if segments == 1 else 2
+    chain = lengths * NEWTON_CHUNK_S * spec.newton_latency
+    share = programs * lengths * NEWTON_SM_CHUNK_S * spec.newton_work * max(block_d, 4) / 4
+    fixed = NEWTON_FIXED_S + (0.0 if segments == 1 else SEGMENTS_FIXED_S)
+    # The longer of the two, smoothed where they are close (there both limit a call).
+    busy = float((chain**4 + (share / multiprocessors) ** 4) ** 0.25)
+    return fixed + passes * max(floor, busy)
 
 
 def sequential_plan(spec: CellSpec, batch: int, channels: int) -> tuple[int, int, int, int]:
@@ -404,8 +445,11 @@ def estimate_seconds(
     Both read ``u`` once and write the states once: the byte floor is
     ``(G + k) · B·T·D · size / bandwidth``. Sequential: ``T`` steps of
     ``SEQUENTIAL_STEP_S · sequential_work`` per wave of programs, or the floor over its share of
-    the bandwidth (``sequential_bw_share``). Newton: ``NEWTON_FIXED_S`` plus the chunks of its
-    plan at ``NEWTON_CHUNK_S · newton_work · block_t / 128`` each, per wave, per pass.
+    the bandwidth (``sequential_bw_share``). Newton, per pass (two with segments): the longest
+    of the floor, one program's chain of chunks (``NEWTON_CHUNK_S · newton_latency`` per 128
+    steps) and the multiprocessors' share of every program's chunks (``NEWTON_SM_CHUNK_S ·
+    newton_work · max(block_d, 4) / 4`` each per 128 steps; the last two smoothed where they are
+    close), plus ``NEWTON_FIXED_S`` (and ``SEGMENTS_FIXED_S`` with segments).
     """
     size = dtype.itemsize
     floor = (len(spec.gates) + spec.k) * batch * steps * channels * size / HBM_BYTES_PER_S
@@ -415,12 +459,9 @@ def estimate_seconds(
     seq_step = SEQUENTIAL_STEP_S * spec.sequential_work
     sequential = max(floor / spec.sequential_bw_share, steps * seq_step * seq_waves)
     plan = plan_fused(spec, batch, steps, channels, device)
-    programs = batch * math.ceil(channels / plan.block_d) * plan.segments
-    waves = math.ceil(programs / (_RESIDENT_PER_SM * sms))
-    chunks = math.ceil(steps / (plan.segments * plan.block_t))
-    passes = 1 if plan.segments == 1 else 2
-    chunk_s = NEWTON_CHUNK_S * spec.newton_work * plan.block_t / 128
-    newton = NEWTON_FIXED_S + max(floor * passes, passes * waves * chunks * chunk_s)
+    newton = _newton_seconds(
+        spec, batch, steps, channels, plan.block_t, plan.block_d, plan.segments, sms, floor
+    )
     return {"newton": newton, "sequential": sequential}
 
 

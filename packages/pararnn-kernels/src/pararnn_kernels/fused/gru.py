@@ -30,6 +30,8 @@ from ._layer import (
     HBM_BYTES_PER_S,
     MAX_SEGMENT_PASSES,
     NEWTON_CHUNK_S,
+    NEWTON_SM_CHUNK_S,
+    SEGMENTS_FIXED_S,
     SEQUENTIAL_STEP_S,
     CellSpec,
     FusedNewtonResult,
@@ -49,6 +51,8 @@ __all__ = [
     "HBM_BYTES_PER_S",
     "MAX_SEGMENT_PASSES",
     "NEWTON_CHUNK_S",
+    "NEWTON_SM_CHUNK_S",
+    "SEGMENTS_FIXED_S",
     "SEQUENTIAL_STEP_S",
     "FusedNewtonResult",
     "FusedPlan",
@@ -86,6 +90,7 @@ GRU: CellSpec = CellSpec(
     backward_tile=(128, 8, 4),
     backward_narrow=(512, 4, 4),
     newton_work=1.0,
+    newton_latency=1.0,
     sequential_work=1.0,
     sequential_bw_share=0.9,
     sequential_rows=(16, 16),
@@ -107,9 +112,12 @@ def plan_fused_gru(
 
     Tiles: 128 steps x 4 channels, 2 warps (64 x 8 when ``B·D >= 2^15``), the fastest measured.
     Segments: a program walks its chunks one after the other, so when the ``B · ceil(D /
-    block_d)`` programs give fewer than two per multiprocessor, time is split into the
-    smallest power-of-two number of segments that does (each segment at least one chunk). A
-    segmented solve costs a second, warm-started pass, which only pays off there. The block
+    block_d)`` programs give fewer than two per multiprocessor, time may be split into a
+    power-of-two number of segments, up to the smallest that gives two (each segment at least
+    one chunk). A segmented solve costs a second, warm-started pass and a fixed cost
+    (:data:`SEGMENTS_FIXED_S`), so the count is the one of the fastest cost-model estimate
+    (:func:`estimate_fused_gru_seconds`), the fewest on a tie: at ``B = 1, D = 256`` none up to
+    ``T = 16384``, 8 from ``T = 32768``. The block
     cells (:func:`~pararnn_kernels.fused.plan_fused_lstm`,
     :func:`~pararnn_kernels.fused.plan_fused_slstm`) use the same rules with their own
     default ``block_t``.
@@ -135,14 +143,13 @@ def choose_fused_gru_method(
 
     Both read ``u`` once and write the states once (the byte floor ``4 · B·T·D · size /
     bandwidth``). The sequential kernel pays ``T`` steps of latency (:data:`SEQUENTIAL_STEP_S`)
-    per wave of programs, or its share of the bandwidth once ``B·D`` fills the GPU; Newton pays
-    its chunk time (:data:`NEWTON_CHUNK_S` per 128 steps) per wave plus a fixed cost per call.
-    Measured (H200, fp32): Newton is the faster kernel from ``(8, 1024, 256)`` to
-    ``(8, 16384, 256)`` and at ``(1, 65536, 256)``, the sequential kernel at
-    ``(64, 4096, 1024)`` and (by the earlier, slower sequential kernel's margin) at
-    ``(8, 128, 256)`` and ``(8, 256, 256)``; the model picks each of those. ``(8, 512, 256)``
-    is at the crossover (Newton 1.19x faster on one host, 1.34x slower on another); the model
-    picks the sequential kernel there.
+    per wave of programs, or its share of the bandwidth once ``B·D`` fills the GPU. Newton pays
+    per pass the longer of one program's chain of chunks (:data:`NEWTON_CHUNK_S` per 128 steps)
+    and the multiprocessors' share of every program's chunks (:data:`NEWTON_SM_CHUNK_S` each),
+    plus a fixed cost per call. Measured (fp32, 2026-12-06): Newton is the faster kernel from
+    ``(8, 256, 256)`` (1.7x) to ``(8, 16384, 256)`` and at ``(1, 65536, 256)``, the sequential
+    kernel at ``(64, 4096, 1024)`` (2.4x); at ``B·D = 8192`` they are within 5 %. The model
+    picks each of those (the sequential kernel at ``B·D = 8192``, and at ``(8, 128, 256)``).
     """
     return choose_method(GRU, batch, steps, channels, device, dtype)
 

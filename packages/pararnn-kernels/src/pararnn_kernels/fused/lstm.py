@@ -72,8 +72,9 @@ LSTM: CellSpec = CellSpec(
     empty=(0.0, 0.0),
     block_t=128,
     backward_tile=(32, 8, 4),
-    newton_work=2.65,
-    sequential_work=1.33,
+    newton_work=2.43,
+    newton_latency=1.37,
+    sequential_work=1.45,
     sequential_bw_share=0.7,
     sequential_rows=(8, 8),
     num_warps=4,
@@ -117,9 +118,11 @@ def choose_fused_lstm_method(
 
     The GRU's model (:func:`~pararnn_kernels.fused.choose_fused_gru_method`) with the LSTM's
     factors: byte floor ``(3 + 2) · B·T·D · size / bandwidth`` (three gates read, two state
-    components written), the sequential step at 1.33 and the Newton chunk step at 2.65 times the
-    GRU's, 70 % of the copy bandwidth for the sequential kernel when ``B·D`` fills the GPU
-    (fitted to the fused kernels' times on an H200, docs/benchmarks.md).
+    components written), the sequential step at 1.45 times the GRU's, a Newton chunk's latency
+    at 1.37 and its multiprocessor time at 2.43 times the GRU's (``LSTM.sequential_work``,
+    ``LSTM.newton_latency``, ``LSTM.newton_work``: fitted to the fused kernels' times of
+    2026-12-06), 70 % of the copy bandwidth for the sequential kernel when ``B·D`` fills the GPU
+    (fitted on an H200; docs/benchmarks.md has both).
     """
     return choose_method(LSTM, batch, steps, channels, device, dtype)
 

@@ -85,8 +85,9 @@ SLSTM: CellSpec = CellSpec(
     block_t=64,
     wide_block_t=32,
     backward_tile=(16, 8, 4),
-    newton_work=3.6,
-    sequential_work=1.94,
+    newton_work=4.2,
+    newton_latency=2.9,
+    sequential_work=1.5,
     sequential_bw_share=0.55,
     sequential_rows=(8, 4),
 )
@@ -129,10 +130,12 @@ def choose_fused_slstm_method(
     """Fused Newton or the fused sequential kernel for a ``[B, T, D]`` sLSTM layer.
 
     The GRU's model (:func:`~pararnn_kernels.fused.choose_fused_gru_method`) with the sLSTM's
-    factors: byte floor ``(4 + 3) · B·T·D · size / bandwidth``, the sequential step at 1.94 and
-    the Newton chunk step at 3.6 times the GRU's, 55 % of the copy bandwidth for the sequential
-    kernel when ``B·D`` fills the GPU (fitted to the fused kernels' times on an H200,
-    docs/benchmarks.md).
+    factors: byte floor ``(4 + 3) · B·T·D · size / bandwidth``, the sequential step at 1.5
+    times the GRU's, a Newton chunk's latency at 2.9 and its multiprocessor time at 4.2 times
+    the GRU's (``SLSTM.sequential_work``, ``SLSTM.newton_latency``, ``SLSTM.newton_work``:
+    fitted to the fused kernels' times of 2026-12-06), 55 % of the copy
+    bandwidth for the sequential kernel when ``B·D`` fills the GPU (fitted on an H200;
+    docs/benchmarks.md has both).
     """
     return choose_method(SLSTM, batch, steps, channels, device, dtype)
 
