@@ -117,10 +117,10 @@ def plan_fused_gru(
     one chunk). A segmented solve costs a second, warm-started pass and a fixed cost
     (:data:`SEGMENTS_FIXED_S`), so the count is the one of the fastest cost-model estimate
     (:func:`estimate_fused_gru_seconds`), the fewest on a tie: at ``B = 1, D = 256`` none up to
-    ``T = 16384``, 8 from ``T = 32768``. The block
-    cells (:func:`~pararnn_kernels.fused.plan_fused_lstm`,
-    :func:`~pararnn_kernels.fused.plan_fused_slstm`) use the same rules with their own
-    default ``block_t``.
+    ``T = 16384``, 8 from ``T = 32768``. The block cells
+    (:func:`~pararnn_kernels.fused.plan_fused_lstm`,
+    :func:`~pararnn_kernels.fused.plan_fused_slstm`) use the same rules with their own default
+    ``block_t`` and chunk times.
     """
     return plan_fused(
         GRU,

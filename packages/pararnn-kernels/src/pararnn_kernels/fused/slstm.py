@@ -133,9 +133,9 @@ def choose_fused_slstm_method(
     factors: byte floor ``(4 + 3) · B·T·D · size / bandwidth``, the sequential step at 1.5
     times the GRU's, a Newton chunk's latency at 2.9 and its multiprocessor time at 4.2 times
     the GRU's (``SLSTM.sequential_work``, ``SLSTM.newton_latency``, ``SLSTM.newton_work``:
-    fitted to the fused kernels' times of 2026-12-06), 55 % of the copy
-    bandwidth for the sequential kernel when ``B·D`` fills the GPU (fitted on an H200;
-    docs/benchmarks.md has both).
+    fitted to the fused kernels' times of 2026-12-06), 55 % of the copy bandwidth for the
+    sequential kernel when ``B·D`` fills the GPU (fitted on an H200; docs/benchmarks.md has
+    both).
     """
     return choose_method(SLSTM, batch, steps, channels, device, dtype)
 
