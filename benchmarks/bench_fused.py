@@ -109,6 +109,25 @@ BLOCK_BACKWARD_TILES = [
 SHAPES = [(8, 1024, 256), (8, 4096, 256), (8, 16384, 256), (64, 4096, 1024), (1, 65536, 256)]
 
 
+#: cell -> (gate blocks of u, rows of each recurrent parameter): GRU [3, D]; LSTM recurrent
+#: [3, D] and peephole [2, D]; sLSTM recurrent [4, D].
+CELL_LAYOUTS = {"gru": (3, (3,)), "lstm": (3, (3, 2)), "slstm": (4, (4,))}
+
+
+def layer_inputs(
+    cell: str, batch: int, steps: int, channels: int, dev: torch.device
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Seeded projected inputs ``u`` and recurrent parameters of one cell's layer."""
+    gates, weight_rows = CELL_LAYOUTS[cell]
+    torch.manual_seed(0)
+    u = torch.randn(batch, steps, gates * channels, device=dev)
+    if cell == "slstm":  # ParaSLSTM's init scale and forget bias (as its tests)
+        u /= 3**0.5
+        u[..., 2 * channels : 3 * channels] -= 2.0
+    weights = [0.25 * (2 * torch.rand(r, channels, device=dev) - 1) for r in weight_rows]
+    return u, weights
+
+
 def copy_bandwidth() -> float:
     src = torch.empty(2**30, device="cuda", dtype=torch.float32)
     dst = torch.empty_like(src)
@@ -128,9 +147,7 @@ def bench_shape(
     """Every plan of the fused kernels at one shape; prints a line per case."""
     records: list[dict[str, object]] = []
     dev = torch.device("cuda")
-    torch.manual_seed(0)
-    u = torch.randn(batch, steps, 3 * channels, device=dev)
-    weight = 0.25 * (2 * torch.rand(3, channels, device=dev) - 1)
+    u, (weight,) = layer_inputs("gru", batch, steps, channels, dev)
     h0 = 0.5 * torch.randn(batch, channels, device=dev)
     floor_ms = 4 * u[..., :channels].numel() * 4 / bandwidth * 1e3
     seq_ms = triton.testing.do_bench(lambda: fused_gru_sequential(u, weight, h0))
@@ -228,15 +245,8 @@ def bench_block_cell(
     beside the cost model, and for each of ``kinds`` that kernel over its sweep
     (BLOCK_NEWTON_TILES, BLOCK_SEQUENTIAL_PLANS, BLOCK_BACKWARD_TILES)."""
     dev = torch.device("cuda")
-    torch.manual_seed(0)
     gates, k = (3, 2) if cell == "lstm" else (4, 3)
-    u = torch.randn(batch, steps, gates * channels, device=dev)
-    if cell == "slstm":  # ParaSLSTM's init scale and forget bias (as its tests)
-        u /= 3**0.5
-        u[..., 2 * channels : 3 * channels] -= 2.0
-    # LSTM: recurrent [3, D] and peephole [2, D]; sLSTM: recurrent [4, D].
-    weight_rows = (3, 2) if cell == "lstm" else (4,)
-    weights = [0.25 * (2 * torch.rand(r, channels, device=dev) - 1) for r in weight_rows]
+    u, weights = layer_inputs(cell, batch, steps, channels, dev)
     run = fused_lstm_sequential if cell == "lstm" else fused_slstm_sequential
     solve = fused_lstm_newton if cell == "lstm" else fused_slstm_newton
     choose = choose_fused_lstm_method if cell == "lstm" else choose_fused_slstm_method

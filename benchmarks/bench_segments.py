@@ -4,7 +4,7 @@ Times, on one CUDA GPU, each cell's fused Newton kernel at every power-of-two se
 (``--segments``; the default plan's count is printed beside) and, with ``--short``, Newton, the
 sequential kernel and the backward at B = 8, d = 256, T = 256-4096 in rounds with the cells
 interleaved (the first calls of a process are slow to settle). Every Newton result is checked
-against the sequential kernel (max abs difference recorded).
+against the sequential kernel (max abs difference recorded); the inputs are bench_fused.py's.
 
     python3 benchmarks/bench_segments.py --out OUT/seg --short
     python3 benchmarks/bench_segments.py --out OUT/seg --shapes 1x65536x256 2x16384x256 \
@@ -21,18 +21,19 @@ from typing import Any
 
 import torch
 import triton.testing
+from bench_fused import layer_inputs
 
 from pararnn_examples.bench import parse_shape
 from pararnn_kernels import fused
 
-#: cell -> (gate blocks, recurrent parameter rows, Newton, sequential, planner, backward)
+#: cell -> (Newton, sequential, planner, backward)
 CELLS: dict[str, tuple[Any, ...]] = {
-    "gru": (3, [3], fused.fused_gru_newton, fused.fused_gru_sequential, fused.plan_fused_gru,
+    "gru": (fused.fused_gru_newton, fused.fused_gru_sequential, fused.plan_fused_gru,
             fused.fused_gru_backward),
-    "lstm": (3, [3, 2], fused.fused_lstm_newton, fused.fused_lstm_sequential,
-             fused.plan_fused_lstm, fused.fused_lstm_backward),
-    "slstm": (4, [4], fused.fused_slstm_newton, fused.fused_slstm_sequential,
-              fused.plan_fused_slstm, fused.fused_slstm_backward),
+    "lstm": (fused.fused_lstm_newton, fused.fused_lstm_sequential, fused.plan_fused_lstm,
+             fused.fused_lstm_backward),
+    "slstm": (fused.fused_slstm_newton, fused.fused_slstm_sequential, fused.plan_fused_slstm,
+              fused.fused_slstm_backward),
 }  # fmt: skip
 SHAPES = [
     (1, 4096, 256),
@@ -51,23 +52,12 @@ def timed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> float:
     return float(triton.testing.do_bench(lambda: fn(*args, **kwargs)))
 
 
-def inputs(cell: str, b: int, t: int, d: int, dev: torch.device) -> tuple[Any, list[Any]]:
-    """``u`` and the recurrent parameters as bench_fused.py makes them."""
-    gates, rows = CELLS[cell][0], CELLS[cell][1]
-    torch.manual_seed(0)
-    u = torch.randn(b, t, gates * d, device=dev)
-    if cell == "slstm":  # ParaSLSTM's init scale and forget bias
-        u /= 3**0.5
-        u[..., 2 * d : 3 * d] -= 2.0
-    return u, [0.25 * (2 * torch.rand(r, d, device=dev) - 1) for r in rows]
-
-
 def short_rounds(dev: torch.device, rounds: int) -> list[dict[str, Any]]:
     records = []
     for rnd in range(rounds):
         for t in (256, 512, 1024, 4096):
-            for cell, (_g, _r, newton, seq, _plan, bwd) in CELLS.items():
-                u, ws = inputs(cell, 8, t, 256, dev)
+            for cell, (newton, seq, _plan, bwd) in CELLS.items():
+                u, ws = layer_inputs(cell, 8, t, 256, dev)
                 states = seq(u, *ws)
                 grad = torch.randn_like(states)
                 row: dict[str, Any] = dict(round=rnd, cell=cell, shape=[8, t, 256])
@@ -83,9 +73,9 @@ def segment_counts(
     dev: torch.device, shapes: list[tuple[int, int, int]], counts: list[int]
 ) -> list[dict[str, Any]]:
     records = []
-    for cell, (_g, _r, newton, seq, planner, _bwd) in CELLS.items():
+    for cell, (newton, seq, planner, _bwd) in CELLS.items():
         for b, t, d in shapes:
-            u, ws = inputs(cell, b, t, d, dev)
+            u, ws = layer_inputs(cell, b, t, d, dev)
             reference = seq(u, *ws)
             row: dict[str, Any] = dict(cell=cell, shape=[b, t, d])
             row["default"] = planner(b, t, d, dev).segments
