@@ -114,7 +114,7 @@ def main() -> None:
     for cell, module, block_t, (back_t, back_d), rows in _CELLS:
         kinds: dict[str, tuple[dict[str, int | bool], int]] = {
             "newton": (
-                {"MAX_ITERS": 3, "GUESS": 1, "NEED_JPROD": False, "HIST": 8,
+                {"MAX_ITERS": 3, "GUESS": 1, "CHAINED": False, "HIST": 8,
                  "BLOCK_T": block_t, "BLOCK_D": 4},
                 2,
             ),

@@ -6,8 +6,8 @@ static input must equal eager calls on the same inputs (float32, 1e-5 relative t
 largest value: converged solves of the same inputs, with as many iterations as convergence
 takes), also after the parameters were changed in place as an optimizer does, and the stats
 taken at capture follow the replays (checked against the captured states' float64 residual).
-A layer the fused kernels split into time segments when called eagerly runs one segment under
-capture (checked against the float64 sequential recurrence). GPU only.
+A layer the fused kernels split into time segments is captured split too (the segments are
+chained on the device) and checked against the float64 sequential recurrence as well. GPU only.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def _residual64(cell: pc.ParaCell, x: torch.Tensor, states: torch.Tensor) -> flo
     [
         *((cls, "fused", (4, 1000, 48)) for cls in CELLS),
         (pc.ParaGRU, "triton", (4, 63, 48)),
-        (pc.ParaGRU, "fused", (1, 32768, 40)),  # eagerly split into segments
+        (pc.ParaGRU, "fused", (1, 32768, 40)),  # split into time segments
     ],
 )
 def test_layer_captures_and_replays_like_eager_calls(
@@ -87,9 +87,7 @@ def test_layer_captures_and_replays_like_eager_calls(
     dev = torch.device("cuda")
     batch, steps, width = shape
     cell = cls(width, width).to(dev)
-    # Iterations enough to converge (the fused kernels stop each tile at their 1e-6 tolerance):
-    # an eager call may split time into segments where the capture runs one, so only converged
-    # solves agree to the 1e-5 checked here.
+    # Iterations enough to converge (the fused kernels stop each tile at their 1e-6 tolerance).
     config = pc.NewtonConfig(scan_backend=backend, stats="device", max_iters=12)
     static_x = torch.randn(batch, steps, width, device=dev, requires_grad=True)
     weight = torch.randn(batch, steps, *cell.state_shape, device=dev)
@@ -98,7 +96,7 @@ def test_layer_captures_and_replays_like_eager_calls(
     def step() -> None:
         out[:] = [_step(cell, static_x, weight, config)]
 
-    if batch == 1:  # the case is there for the eager split: it must still happen
+    if batch == 1:  # the case is there for the split: it must still happen
         assert plan_fused_gru(batch, steps, width, dev).segments > 1
     graph = _captured(step)
     captured_states, captured_grads, captured_stats = out[0]
@@ -116,17 +114,14 @@ def test_layer_captures_and_replays_like_eager_calls(
         graph.replay()
         torch.cuda.synchronize()
         states, grads, stats = _step(eager_cell, x.clone().requires_grad_(), weight, config)
-        if batch == 1:  # eagerly in segments: compare both with the float64 recurrence
+        if batch == 1:  # in segments: both against the float64 recurrence too
             ref = pc.sequential_apply(copy.deepcopy(cell).double(), x.double())
             _close(states, ref, "eager states")
             _close(captured_states, ref, "captured states")
-            continue
         _close(captured_states, states, f"states, replay {trial}")
         for i, (got, want) in enumerate(zip(captured_grads, grads, strict=True)):
             _close(got, want, f"gradient {i}, replay {trial}")
-        # The stats follow the replay: the eager call may split time into segments (whose start
-        # states are guessed, so its residuals and iterations differ) while the capture runs
-        # one, so the captured stats are checked against the captured states themselves.
+        # The stats follow the replay: checked against the captured states themselves.
         assert captured_stats.converged and stats.converged, (captured_stats, stats)
         first_residuals.append(captured_stats.residuals[0])
         true_residual = _residual64(cell, x, captured_states)

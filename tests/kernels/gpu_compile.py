@@ -255,8 +255,8 @@ def _fused_launches(rec: _Recorder) -> None:
                 states = torch.empty(batch, steps, *spec.state_tail(channels), dtype=dtype)
                 where = f"{spec.name} {dtype} B={batch} T={steps} D={channels}"
                 # The default plan (one segment: the CPU counts as 4 multiprocessors) from both
-                # initial guesses; 4 segments: the guessed pass, then the warm-started
-                # correction passes (bfloat16: these two only; wide: the default only).
+                # initial guesses; 4 segments, chained on the device (bfloat16: these two
+                # only; wide: the default only).
                 segmented = _layer.plan_fused(spec, batch, steps, channels, u.device, segments=4)
                 runs: list[tuple[_layer.FusedPlan | None, str]] = [(segmented, "step")]
                 if dtype == torch.float32:

@@ -84,6 +84,33 @@ def test_fused_gru_in_interpreter(poisoned, steps, segments, with_h0):
     )
 
 
+def _shut_update_gates(u: Tensor, channels: int) -> Tensor:
+    """``u`` with the update gate of the first ``channels`` channels shut (``z ≈ 2e-9``): those
+    channels carry their start state through the whole sequence, so a time segment's guessed
+    start state is wrong by ``h0`` there and the error never dies out: each segment's correcting
+    walk runs to its end, and the next one must start from that end (the other channels forget
+    within a chunk, so their walks stop early)."""
+    u = u.clone()
+    u[..., :channels] = -20.0
+    return u
+
+
+@needs_interpreter
+@pytest.mark.parametrize("initial_guess", ["step", "initial_state"])
+def test_fused_gru_segments_chain_a_long_memory_in_interpreter(poisoned, initial_guess):
+    u, weight, h0 = _layer(2, 80, 5, "cpu")
+    u = _shut_update_gates(u, 3)
+    plan = FusedPlan(block_t=8, block_d=4, segments=4)  # 4 segments of 3 chunks (the last 2)
+    result = fused_gru_newton(u, weight, h0, plan=plan, initial_guess=initial_guess)
+    assert result.passes == 2
+    ref = reference_gru_sequential(u.double(), weight.double(), h0.double())
+    assert_close(result.states, ref, tol=F32_TOL, name=f"states ({initial_guess})")
+    assert result.max_residual <= 1e-5
+    # The scenario holds: h0 carried to the last step (where the guesses start near 0).
+    assert (result.states[:, -1, :3] - h0[:, :3]).abs().max() < 1e-6
+    _check_layer(u, weight, h0, plan, F32_TOL, "long memory", backward_block_t=8)
+
+
 @needs_interpreter
 def test_fused_gru_bf16_storage_in_interpreter(poisoned):
     u, weight, h0 = _layer(2, 40, 6, "cpu")
@@ -187,16 +214,14 @@ def test_plan_and_cost_model_are_sane(monkeypatch):
     monkeypatch.setattr("pararnn_kernels.fused._layer.multiprocessor_count", lambda device: 132)
     cpu = torch.device("cpu")
     assert plan_fused_gru(64, 4096, 1024, cpu).segments == 1  # many programs: no segments
-    assert plan_fused_gru(1, 65536, 256, cpu).segments == 8  # few programs: split time
+    assert plan_fused_gru(1, 65536, 256, cpu).segments == 16  # few programs: split time
     assert plan_fused_gru(1, 100, 16, cpu).segments == 1  # a single chunk is never split
-    # Segments only where the chains they cut outweigh their second pass and fixed cost (the
-    # sweep of docs/benchmarks.md, 2026-12-06: 8 segments 1.6x faster at T = 65536, 1.26x at
-    # 32768, 1.23x slower at 16384 and 4.2x slower at 4096; 32 at 64 channels 2.8x faster).
-    assert plan_fused_gru(1, 32768, 256, cpu).segments == 8
-    assert plan_fused_gru(1, 65536, 64, cpu).segments == 32
-    assert plan_fused_gru(1, 16384, 256, cpu).segments == 1
-    assert plan_fused_gru(1, 4096, 256, cpu).segments == 1
-    assert plan_fused_gru(4, 16384, 256, cpu).segments == 1
+    # Segments up to four programs per multiprocessor, where the chains they cut outweigh the
+    # links they add: at one row of 256 channels (64 programs) none at T = 1024, more with T.
+    picks = [plan_fused_gru(1, t, 256, cpu).segments for t in (1024, 4096, 16384, 65536)]
+    assert picks == [1, 4, 8, 16]
+    assert plan_fused_gru(1, 65536, 64, cpu).segments == 16
+    assert plan_fused_gru(8, 4096, 256, cpu).segments == 1  # 512 programs: enough already
     with pytest.raises(ValueError, match="segments must be >= 1"):
         plan_fused_gru(1, 100, 16, cpu, segments=0)
     picks = {
@@ -240,10 +265,13 @@ def test_fused_gru_on_gpu(poisoned, shape):
 @pytest.mark.cuda
 @needs_cuda
 @pytest.mark.parametrize("segments", [2, 16])
-def test_fused_gru_segments_on_gpu(poisoned, segments):
+@pytest.mark.parametrize("long_memory", [False, True], ids=["forgetting", "long-memory"])
+def test_fused_gru_segments_on_gpu(poisoned, segments, long_memory):
     u, weight, h0 = _layer(2, 20000, 96, "cuda")
+    if long_memory:
+        u = _shut_update_gates(u, 40)
     plan = FusedPlan(segments=segments)
-    _check_layer(u, weight, h0, plan, F32_TOL, f"cuda segments={segments}")
+    _check_layer(u, weight, h0, plan, F32_TOL, f"cuda segments={segments} {long_memory=}")
 
 
 @pytest.mark.cuda

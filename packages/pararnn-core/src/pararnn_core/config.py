@@ -57,8 +57,8 @@ class NewtonConfig:
             training loop that reads no statistics waits once per step, in the backward's
             first layer, with that layer's backward already queued). Needs
             ``on_divergence="raise"``: a sequential recomputation cannot wait. The unfused
-            path with ``tol`` syncs at every iteration anyway, and the fused kernels with time
-            segments once per correction pass; their last read is deferred all the same.
+            path with ``tol`` syncs at every iteration anyway; its last read is deferred all
+            the same.
             ``"device"``: nothing waits, neither the forward nor the backward; the statistics
             stay in device memory and the layer's :class:`DeferredNewtonStats` reads them when
             one of its attributes is read, anew at every read (one sync each), so stats taken
@@ -67,9 +67,9 @@ class NewtonConfig:
             so read the stats (or check the loss) before the optimizer step. The mode for
             capturing a training step in a CUDA graph (``torch.cuda.graph``,
             ``torch.compile(mode="reduce-overhead")``), where nothing may wait for the device:
-            the fused kernels with one time segment and the unfused path with ``tol=None``
-            capture; a solve that would wait while a graph is being captured (``stats`` other
-            than ``"device"``, ``tol`` on the unfused path, time segments) raises a clear
+            the fused kernels (time segments included) and the unfused path with
+            ``tol=None`` capture; a solve that would wait while a graph is being captured
+            (``stats`` other than ``"device"``, ``tol`` on the unfused path) raises a clear
             ``RuntimeError`` instead. Needs ``on_divergence="raise"`` as ``"deferred"`` does.
     """
 

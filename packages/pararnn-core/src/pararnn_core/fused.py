@@ -291,14 +291,13 @@ def _solve(
     if config.stats != "sync":
         # The summary holds the small stats, not the result (whose states it would keep).
         read = read_later(result.stats, live=config.stats == "device")
-        gap = result.boundary_gap
         stats = deferred_conclusion(
             cell,
             config,
             u,
             result.states.dtype,
             label="fused",
-            summary=lambda: summarize_fused_stats(read(), gap),
+            summary=lambda: summarize_fused_stats(read()),
             detail=detail,
         )
         return result.states, stats

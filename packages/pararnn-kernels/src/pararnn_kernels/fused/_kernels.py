@@ -13,9 +13,9 @@ float32 whatever the storage dtype.
   steps. Each chunk starts from the exact state at its start (the previous chunk's converged end
   state; the segment's given start state for its first chunk), runs Newton on-chip until its
   max residual is ``<= tol`` or ``MAX_ITERS`` updates ran, and hands its end state on. The
-  pre-activations are read once and the states written once. It also writes the segment's end
-  state and ``Π_t J_t`` over the segment (the derivative of the end state by the start state), so
-  the launcher can correct segment start states by a Newton step on the boundaries.
+  pre-activations are read once and the states written once. With several segments, each
+  segment after the first then corrects itself from the previous one's final end state, on the
+  device (the section "time segments chained on the device" below).
 * ``gru_backward_kernel`` -- grid ``(cdiv(D, BLOCK_D), B)``: one reverse pass over time per
   program: the adjoint ``μ_t = g_t + J_{t+1} μ_{t+1}`` chunk by chunk (an associative scan per
   chunk plus the carry), ``∂L/∂u``, ``∂L/∂h0 = J_0 μ_0`` and the per-program partial sums of the
@@ -130,39 +130,67 @@ def _load_chunk(u_ptr, row_base, c0, t_end, D, offs_d, mask_d, BLOCK_T: tl.const
 
 
 @triton.jit
+def _gru_chunk(
+    states, h, u_z, u_r, u_c, a_z, a_r, a_c, mask, valid, rows, before, hist, slots, tol, omega,
+    MAX_ITERS: tl.constexpr, HIST: tl.constexpr,
+):  # fmt: skip
+    """Newton on one chunk from the guess ``states`` and the exact state ``h`` before it:
+    ``(states, hist, updates)``, updates until the max residual is ``<= tol`` or ``MAX_ITERS``."""
+    k = 0
+    done = 0
+    while done == 0:
+        prev = _shift_rows(states, before, rows, h)
+        f_val, jac = _gru_step_and_jacobian(prev, u_z, u_r, u_c, a_z, a_r, a_c)
+        residual = tl.where(mask, f_val - states, 0.0)
+        worst = _tile_max(_residual_size(residual))
+        hist = tl.where(slots == k, tl.maximum(hist, worst), hist)
+        if tl.where(worst <= tol, 1, 0) + tl.where(k >= MAX_ITERS, 1, 0) > 0:
+            done = 1
+            # The last slot keeps the largest residual any chunk stopped at.
+            hist = tl.where(slots == HIST - 1, tl.maximum(hist, worst), hist)
+        else:
+            mult = tl.where(valid[:, None], jac, 1.0)
+            _prod, delta = tl.associative_scan((mult, residual), 0, _combine)
+            states = states + omega * delta
+            k += 1
+    return states, hist, k
+
+
+@triton.jit
 def gru_newton_kernel(
     u_ptr,
     w_ptr,
     start_ptr,
     out_ptr,
     end_ptr,
-    jprod_ptr,
+    chunk_ptr,
+    sync_ptr,
     stats_ptr,
     T,
     D,
     seg_len,
-    first_seg,
     tol,
     omega,
     MAX_ITERS: tl.constexpr,
     GUESS: tl.constexpr,
-    NEED_JPROD: tl.constexpr,
+    CHAINED: tl.constexpr,
     HIST: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """``start [S, B, D]`` -> states ``out [B, T, D]``, ``end``/``jprod [S, B, D]``.
+    """``start [S, B, D]`` -> states ``out [B, T, D]``, ``end [S, B, D]``.
 
-    Program ``(d, b, s)`` runs segment ``first_seg + s``. ``GUESS``: 0 zeros, 1 ``f(0, u_t)``,
-    2 the states already in ``out`` (a warm start: a correction pass after the segment start
-    states moved). ``stats [HIST + 1]`` (zeroed by the launcher) receives maxima over all
-    programs (``_publish_stats``): entry k the max residual of the chunks before update k
-    (+inf for a non-finite residual), entry ``HIST - 1`` the largest residual a chunk stopped
-    at, entry ``HIST`` the most updates any chunk ran.
+    ``GUESS``: 0 zeros, 1 ``f(0, u_t)``. ``CHAINED`` (more than one segment): programs take
+    their ``(channel block, row, segment)`` by ticket (``sync [1 + S·B·n_d]`` int32 zeros: the
+    ticket, then a flag per program), record each chunk's start state in float32 in
+    ``chunk [B, n_chunks, D]`` and correct their segment from the previous one's final end state
+    (section "time segments chained on the device"). ``stats [HIST + 1]``
+    (zeroed by the launcher) receives maxima over all programs (``_publish_stats``): entry k the
+    max residual of the chunks before update k (+inf for a non-finite residual), entry
+    ``HIST - 1`` the largest residual a chunk stopped at (and the largest start mismatch a
+    correcting walk stopped at), entry ``HIST`` the most updates any chunk ran.
     """
-    pid_d = tl.program_id(0)
-    pid_b = tl.program_id(1)
-    seg = tl.program_id(2) + first_seg
+    pid_d, pid_b, seg = _segment_program(sync_ptr, CHAINED)
     n_b = tl.num_programs(1)
     offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
     mask_d = offs_d < D
@@ -171,7 +199,6 @@ def gru_newton_kernel(
 
     seg_slot = (seg.to(tl.int64) * n_b + pid_b) * D + offs_d
     h = tl.load(start_ptr + seg_slot, mask=mask_d, other=0.0).to(tl.float32)
-    jprod = tl.full([BLOCK_D], 1.0, dtype=tl.float32)
     hist = tl.full([HIST], -1.0, dtype=tl.float32)
     slots = tl.arange(0, HIST)
     most_iters = tl.full([], 0, dtype=tl.int32)
@@ -181,6 +208,7 @@ def gru_newton_kernel(
     t_begin = seg * seg_len
     t_end = tl.minimum(t_begin + seg_len, T)
     row_base = pid_b.to(tl.int64) * T
+    chunk_base = pid_b.to(tl.int64) * tl.cdiv(T, BLOCK_T)
     # The next chunk's inputs are in flight while this chunk iterates.
     n_z, n_r, n_c = _load_chunk(u_ptr, row_base, t_begin, t_end, D, offs_d, mask_d, BLOCK_T)
     for c0 in range(t_begin, t_end, BLOCK_T):
@@ -192,43 +220,54 @@ def gru_newton_kernel(
         valid = t < t_end
         mask = valid[:, None] & mask_d[None, :]
         offs_out = (row_base + t)[:, None] * D + offs_d[None, :]
-        if GUESS == 2:
-            states = tl.load(out_ptr + offs_out, mask=mask, other=0.0).to(tl.float32)
-        elif GUESS == 1:
+        if GUESS == 1:
             states = _sigmoid(u_z) * _tanh(u_c)
         else:
             states = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
-
-        k = 0
-        done = 0
-        jac = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
-        while done == 0:
-            prev = tl.gather(states, before, 0)
-            prev = tl.where((rows == 0)[:, None], h[None, :], prev)
-            f_val, jac = _gru_step_and_jacobian(prev, u_z, u_r, u_c, a_z, a_r, a_c)
-            residual = tl.where(mask, f_val - states, 0.0)
-            worst = _tile_max(_residual_size(residual))
-            hist = tl.where(slots == k, tl.maximum(hist, worst), hist)
-            if tl.where(worst <= tol, 1, 0) + tl.where(k >= MAX_ITERS, 1, 0) > 0:
-                done = 1
-                # The last slot keeps the largest residual any chunk stopped at.
-                hist = tl.where(slots == HIST - 1, tl.maximum(hist, worst), hist)
-            else:
-                mult = tl.where(valid[:, None], jac, 1.0)
-                _prod, delta = tl.associative_scan((mult, residual), 0, _combine)
-                states = states + omega * delta
-                k += 1
+        if CHAINED:
+            tl.store(chunk_ptr + (chunk_base + c0 // BLOCK_T) * D + offs_d, h, mask=mask_d)
+        states, hist, k = _gru_chunk(
+            states, h, u_z, u_r, u_c, a_z, a_r, a_c, mask, valid, rows, before, hist, slots,
+            tol, omega, MAX_ITERS, HIST,
+        )  # fmt: skip
         most_iters = tl.maximum(most_iters, k)
-
         tl.store(out_ptr + offs_out, states.to(out_ptr.dtype.element_ty), mask=mask)
-        last = tl.minimum(c0 + BLOCK_T, t_end) - 1 - c0
-        h = tl.sum(tl.where((rows == last)[:, None], states, 0.0), axis=0)
-        if NEED_JPROD:
-            jprod = jprod * tl.reduce(tl.where(valid[:, None], jac, 1.0), 0, _multiply)
+        h = _pick_row(states, rows, tl.minimum(c0 + BLOCK_T, t_end) - 1 - c0)
 
+    if CHAINED:  # noqa: SIM102 (compiled in or out; the test below runs)
+        if seg > 0:
+            # Correct the segment from the previous one's final end state, chunk by chunk,
+            # until a chunk's start state is within tol of the one its states were solved from
+            # (the correction has died out: the rest stands).
+            tl.debug_barrier()  # this program's states, stored by any of its threads
+            _wait_for_segment_before(sync_ptr, pid_d, pid_b, seg)
+            h_in = tl.load(end_ptr + seg_slot - n_b * D, mask=mask_d, other=0.0, volatile=True)
+            c0 = t_begin
+            slot = (chunk_base + c0 // BLOCK_T) * D + offs_d
+            gap = _start_mismatch(chunk_ptr + slot, h_in, mask_d, c0 < t_end)
+            while gap > tol:
+                u_z, u_r, u_c = _load_chunk(u_ptr, row_base, c0, t_end, D, offs_d, mask_d, BLOCK_T)
+                t = c0 + rows
+                valid = t < t_end
+                mask = valid[:, None] & mask_d[None, :]
+                offs_out = (row_base + t)[:, None] * D + offs_d[None, :]
+                states = tl.load(out_ptr + offs_out, mask=mask, other=0.0).to(tl.float32)
+                states, hist, k = _gru_chunk(
+                    states, h_in, u_z, u_r, u_c, a_z, a_r, a_c, mask, valid, rows, before,
+                    hist, slots, tol, omega, MAX_ITERS, HIST,
+                )  # fmt: skip
+                most_iters = tl.maximum(most_iters, k)
+                tl.store(out_ptr + offs_out, states.to(out_ptr.dtype.element_ty), mask=mask)
+                h_in = _pick_row(states, rows, tl.minimum(c0 + BLOCK_T, t_end) - 1 - c0)
+                c0 += BLOCK_T
+                slot = (chunk_base + c0 // BLOCK_T) * D + offs_d
+                gap = _start_mismatch(chunk_ptr + slot, h_in, mask_d, c0 < t_end)
+            hist = tl.where(slots == HIST - 1, tl.maximum(hist, gap), hist)
+            # Walked to the end: the segment's end state moved with it.
+            h = tl.where(c0 >= t_end, h_in, h)
     tl.store(end_ptr + seg_slot, h, mask=mask_d)
-    if NEED_JPROD:
-        tl.store(jprod_ptr + seg_slot, jprod, mask=mask_d)
+    if CHAINED:
+        _publish_segment(sync_ptr, pid_d, pid_b, seg)
     _publish_stats(stats_ptr, hist, slots, most_iters, HIST)
 
 
@@ -462,3 +501,63 @@ def _record_residual(hist, slots, k, worst, tol, MAX_ITERS: tl.constexpr, HIST: 
     stopped_at = tl.where(stop > 0, worst, -1.0)
     hist = tl.where(slots == HIST - 1, tl.maximum(hist, stopped_at), hist)
     return hist, tl.where(stop > 0, 1, 0)
+
+
+# -- time segments chained on the device -------------------------------------------------------
+# With CHAINED, segment s > 0 first runs from a guessed start state, then waits for segment
+# s - 1's final end state and walks its chunks again from it, each warm-started from its states,
+# until a chunk's start state is within tol of the one recorded when its states were solved: the
+# start's error has died out along the way (contraction), and every chunk after it stands. A
+# segment publishes its end state (stores, barrier, release) only when it is final, and its
+# successor reads it after an acquire, with volatile loads. Programs are handed out by an atomic
+# ticket, segments slowest, so a program waits only on programs that already run: no deadlock
+# whatever order the hardware starts programs in.
+
+
+@triton.jit
+def _segment_program(sync_ptr, CHAINED: tl.constexpr):
+    """``(channel block, batch row, segment)`` of this program: its grid position, or with
+    ``CHAINED`` its place in ticket order (``sync[0]`` counts the tickets)."""
+    if CHAINED:
+        ticket = tl.atomic_add(sync_ptr, 1)
+        n_d = tl.num_programs(0)
+        n_cols = n_d * tl.num_programs(1)
+        col = ticket % n_cols
+        return col % n_d, col // n_d, ticket // n_cols
+    else:
+        return tl.program_id(0), tl.program_id(1), tl.program_id(2)
+
+
+@triton.jit
+def _segment_flag(sync_ptr, pid_d, pid_b, seg):
+    """Where program ``(pid_d, pid_b, seg)`` flags its end state final (``sync[1 + ticket]``)."""
+    n_d = tl.num_programs(0)
+    return sync_ptr + 1 + (seg * tl.num_programs(1) + pid_b) * n_d + pid_d
+
+
+@triton.jit
+def _wait_for_segment_before(sync_ptr, pid_d, pid_b, seg):
+    """Spin until segment ``seg - 1`` of the same channels has published its final end state
+    (one scalar atomic per poll, the same on every thread)."""
+    flag = _segment_flag(sync_ptr, pid_d, pid_b, seg - 1)
+    ready = tl.atomic_add(flag, 0, sem="acquire")
+    while ready == 0:
+        ready = tl.atomic_add(flag, 0, sem="acquire")
+
+
+@triton.jit
+def _publish_segment(sync_ptr, pid_d, pid_b, seg):
+    """Flag this program's end state (stored before the call) final."""
+    tl.debug_barrier()
+    tl.atomic_xchg(_segment_flag(sync_ptr, pid_d, pid_b, seg), 1, sem="release")
+
+
+@triton.jit
+def _start_mismatch(recorded_ptr, state, mask_d, live):
+    """``max |state - recorded|`` over the tile's channels (one state component; NaN counts as
+    +inf) for a chunk that exists (``live``), -1 for one past the segment's end."""
+    # live as a vector comparison: the interpreter takes no scalar-and-vector mask.
+    on = tl.where(mask_d, 1, 0) * tl.where(live, 1, 0) > 0
+    recorded = tl.load(recorded_ptr, mask=on, other=0.0)
+    mismatch = tl.max(tl.where(mask_d, _residual_size(state - recorded), 0.0), axis=0)
+    return tl.where(live, mismatch, -1.0)

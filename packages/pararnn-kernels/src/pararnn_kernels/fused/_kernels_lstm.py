@@ -15,8 +15,8 @@ The kernels mirror the GRU's (``_kernels``; the same grids, arguments and histor
 the pair ``(A, b)`` of a 2x2 block and a 2-vector in place of the scalar pair:
 
 * ``lstm_newton_kernel`` -- chunked exact-carry Newton; each update scans the six tiles
-  ``(A00, A01, A10, A11, b0, b1)`` under ``(A2, b2)∘(A1, b1) = (A2 A1, A2 b1 + b2)``. With
-  segments it also writes ``Π_t J_t`` over the segment (2x2, later steps on the left).
+  ``(A00, A01, A10, A11, b0, b1)`` under ``(A2, b2)∘(A1, b1) = (A2 A1, A2 b1 + b2)``; time
+  segments chained on the device as the GRU's.
 * ``lstm_backward_kernel`` -- one reverse pass. The scan runs on ``ν_t = J_tᵀ μ_t`` (the
   cotangent of the state step t consumed): ``ν_t = J_tᵀ ν_{t+1} + J_tᵀ g_t``, whose multiplier
   is each row's own Jacobian, so only the 2-vector ``ν`` is shifted by one row (not the block);
@@ -31,25 +31,18 @@ from ..scan._kernels import _combine_block2
 from ._kernels import (
     _partial_slots,
     _pick_row,
+    _publish_segment,
     _publish_stats,
     _record_residual,
     _residual_size,
+    _segment_program,
     _shift_rows,
     _sigmoid,
+    _start_mismatch,
     _tanh,
     _tile_max,
+    _wait_for_segment_before,
 )
-
-
-@triton.jit
-def _matmul2(a00, a01, a10, a11, c00, c01, c10, c11):
-    # Product of 2x2 blocks, the earlier (a) on the right: C A.
-    return (
-        c00 * a00 + c01 * a10,
-        c00 * a01 + c01 * a11,
-        c10 * a00 + c11 * a10,
-        c10 * a01 + c11 * a11,
-    )
 
 
 @triton.jit
@@ -101,33 +94,72 @@ def _load_chunk(u_ptr, row_base, c0, t_end, D, offs_d, mask_d, BLOCK_T: tl.const
 
 
 @triton.jit
+def _lstm_chunk(
+    s_c, s_h, c, h, u_f, u_z, u_o, a_f, a_z, a_o, p_f, p_o, mask, valid, rows, before, hist,
+    slots, tol, omega, MAX_ITERS: tl.constexpr, HIST: tl.constexpr,
+):  # fmt: skip
+    """Newton on one chunk from the guess ``(s_c, s_h)`` and the exact state ``(c, h)`` before
+    it: ``(s_c, s_h, hist, updates)`` (as ``_kernels._gru_chunk``)."""
+    k = 0
+    done = 0
+    while done == 0:
+        prev_c = _shift_rows(s_c, before, rows, c)
+        prev_h = _shift_rows(s_h, before, rows, h)
+        f, z, c_new, o, tc = _lstm_forward(prev_c, prev_h, u_f, u_z, u_o, a_f, a_z, a_o, p_f, p_o)
+        j00, j01, j10, j11, _s_o, _d_out = _lstm_jacobian(
+            prev_c, prev_h, f, z, o, tc, a_f, a_z, a_o, p_f, p_o
+        )
+        r_c = tl.where(mask, c_new - s_c, 0.0)
+        r_h = tl.where(mask, o * tc - s_h, 0.0)
+        # One reduction over the tile for both components (each crosses the warps once).
+        worst = _tile_max(tl.maximum(_residual_size(r_c), _residual_size(r_h)))
+        hist, done = _record_residual(hist, slots, k, worst, tol, MAX_ITERS, HIST)
+        if done == 0:
+            # Rows past the end multiply by the identity, so the scan stays exact.
+            _p00, _p01, _p10, _p11, d_c, d_h = tl.associative_scan(
+                (
+                    tl.where(valid[:, None], j00, 1.0),
+                    tl.where(valid[:, None], j01, 0.0),
+                    tl.where(valid[:, None], j10, 0.0),
+                    tl.where(valid[:, None], j11, 1.0),
+                    r_c,
+                    r_h,
+                ),
+                0,
+                _combine_block2,
+            )
+            s_c = s_c + omega * d_c
+            s_h = s_h + omega * d_h
+            k += 1
+    return s_c, s_h, hist, k
+
+
+@triton.jit
 def lstm_newton_kernel(
     u_ptr,
     w_ptr,
     start_ptr,
     out_ptr,
     end_ptr,
-    jprod_ptr,
+    chunk_ptr,
+    sync_ptr,
     stats_ptr,
     T,
     D,
     seg_len,
-    first_seg,
     tol,
     omega,
     MAX_ITERS: tl.constexpr,
     GUESS: tl.constexpr,
-    NEED_JPROD: tl.constexpr,
+    CHAINED: tl.constexpr,
     HIST: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """``start [S, B, D, 2]`` -> states ``out [B, T, D, 2]``, ``end [S, B, D, 2]``,
-    ``jprod [S, B, D, 2, 2]``; ``GUESS`` and ``stats`` as in ``gru_newton_kernel``
-    (``GUESS=0``: the empty state, zeros)."""
-    pid_d = tl.program_id(0)
-    pid_b = tl.program_id(1)
-    seg = tl.program_id(2) + first_seg
+    """``start [S, B, D, 2]`` -> states ``out [B, T, D, 2]``, ``end [S, B, D, 2]``;
+    ``chunk [B, n_chunks, D, 2]``, ``sync``, ``GUESS`` and ``stats`` as in
+    ``gru_newton_kernel`` (``GUESS=0``: the empty state, zeros)."""
+    pid_d, pid_b, seg = _segment_program(sync_ptr, CHAINED)
     n_b = tl.num_programs(1)
     offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
     mask_d = offs_d < D
@@ -137,9 +169,6 @@ def lstm_newton_kernel(
     seg_slot = (seg.to(tl.int64) * n_b + pid_b) * D + offs_d
     c = tl.load(start_ptr + seg_slot * 2, mask=mask_d, other=0.0).to(tl.float32)
     h = tl.load(start_ptr + seg_slot * 2 + 1, mask=mask_d, other=0.0).to(tl.float32)
-    one = tl.full([BLOCK_D], 1.0, dtype=tl.float32)
-    zero = tl.zeros([BLOCK_D], dtype=tl.float32)
-    q00, q01, q10, q11 = one, zero, zero, one
     hist = tl.full([HIST], -1.0, dtype=tl.float32)
     slots = tl.arange(0, HIST)
     most_iters = tl.full([], 0, dtype=tl.int32)
@@ -148,6 +177,7 @@ def lstm_newton_kernel(
     t_begin = seg * seg_len
     t_end = tl.minimum(t_begin + seg_len, T)
     row_base = pid_b.to(tl.int64) * T
+    chunk_base = pid_b.to(tl.int64) * tl.cdiv(T, BLOCK_T)
     n_f, n_z, n_o = _load_chunk(u_ptr, row_base, t_begin, t_end, D, offs_d, mask_d, BLOCK_T)
     for c0 in range(t_begin, t_end, BLOCK_T):
         u_f, u_z, u_o = n_f, n_z, n_o
@@ -158,10 +188,7 @@ def lstm_newton_kernel(
         valid = t < t_end
         mask = valid[:, None] & mask_d[None, :]
         offs_out = ((row_base + t)[:, None] * D + offs_d[None, :]) * 2
-        if GUESS == 2:
-            s_c = tl.load(out_ptr + offs_out, mask=mask, other=0.0).to(tl.float32)
-            s_h = tl.load(out_ptr + offs_out + 1, mask=mask, other=0.0).to(tl.float32)
-        elif GUESS == 1:
+        if GUESS == 1:
             empty = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
             _g_f, _g_z, s_c, g_o, g_tc = _lstm_forward(
                 empty, empty, u_f, u_z, u_o, a_f, a_z, a_o, p_f, p_o
@@ -170,77 +197,68 @@ def lstm_newton_kernel(
         else:
             s_c = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
             s_h = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
-
-        k = 0
-        done = 0
-        while done == 0:
-            prev_c = _shift_rows(s_c, before, rows, c)
-            prev_h = _shift_rows(s_h, before, rows, h)
-            f, z, c_new, o, tc = _lstm_forward(
-                prev_c, prev_h, u_f, u_z, u_o, a_f, a_z, a_o, p_f, p_o
-            )
-            j00, j01, j10, j11, _s_o, _d_out = _lstm_jacobian(
-                prev_c, prev_h, f, z, o, tc, a_f, a_z, a_o, p_f, p_o
-            )
-            r_c = tl.where(mask, c_new - s_c, 0.0)
-            r_h = tl.where(mask, o * tc - s_h, 0.0)
-            # One reduction over the tile for both components (each crosses the warps once).
-            worst = _tile_max(tl.maximum(_residual_size(r_c), _residual_size(r_h)))
-            hist, done = _record_residual(hist, slots, k, worst, tol, MAX_ITERS, HIST)
-            if done == 0:
-                # Rows past the end multiply by the identity, so the scan stays exact.
-                _p00, _p01, _p10, _p11, d_c, d_h = tl.associative_scan(
-                    (
-                        tl.where(valid[:, None], j00, 1.0),
-                        tl.where(valid[:, None], j01, 0.0),
-                        tl.where(valid[:, None], j10, 0.0),
-                        tl.where(valid[:, None], j11, 1.0),
-                        r_c,
-                        r_h,
-                    ),
-                    0,
-                    _combine_block2,
-                )
-                s_c = s_c + omega * d_c
-                s_h = s_h + omega * d_h
-                k += 1
-            elif NEED_JPROD:
-                # Π_t J_t over the chunk (rows past the end are the identity): the last row of
-                # the prefix products, then on the left of the segment's product so far.
-                m00, m01, m10, m11 = tl.associative_scan(
-                    (
-                        tl.where(valid[:, None], j00, 1.0),
-                        tl.where(valid[:, None], j01, 0.0),
-                        tl.where(valid[:, None], j10, 0.0),
-                        tl.where(valid[:, None], j11, 1.0),
-                    ),
-                    0,
-                    _matmul2,
-                )
-                q00, q01, q10, q11 = _matmul2(
-                    q00,
-                    q01,
-                    q10,
-                    q11,
-                    _pick_row(m00, rows, BLOCK_T - 1),
-                    _pick_row(m01, rows, BLOCK_T - 1),
-                    _pick_row(m10, rows, BLOCK_T - 1),
-                    _pick_row(m11, rows, BLOCK_T - 1),
-                )
+        if CHAINED:
+            slot = ((chunk_base + c0 // BLOCK_T) * D + offs_d) * 2
+            tl.store(chunk_ptr + slot, c, mask=mask_d)
+            tl.store(chunk_ptr + slot + 1, h, mask=mask_d)
+        s_c, s_h, hist, k = _lstm_chunk(
+            s_c, s_h, c, h, u_f, u_z, u_o, a_f, a_z, a_o, p_f, p_o, mask, valid, rows, before,
+            hist, slots, tol, omega, MAX_ITERS, HIST,
+        )  # fmt: skip
         most_iters = tl.maximum(most_iters, k)
-
         tl.store(out_ptr + offs_out, s_c.to(out_ptr.dtype.element_ty), mask=mask)
         tl.store(out_ptr + offs_out + 1, s_h.to(out_ptr.dtype.element_ty), mask=mask)
         last = tl.minimum(c0 + BLOCK_T, t_end) - 1 - c0
         c = _pick_row(s_c, rows, last)
         h = _pick_row(s_h, rows, last)
+
+    if CHAINED:  # noqa: SIM102 (compiled in or out; the test below runs)
+        if seg > 0:
+            # The segment's correcting walk (as in gru_newton_kernel).
+            tl.debug_barrier()
+            _wait_for_segment_before(sync_ptr, pid_d, pid_b, seg)
+            prev_slot = (seg_slot - n_b * D) * 2
+            c_in = tl.load(end_ptr + prev_slot, mask=mask_d, other=0.0, volatile=True)
+            h_in = tl.load(end_ptr + prev_slot + 1, mask=mask_d, other=0.0, volatile=True)
+            c0 = t_begin
+            slot = ((chunk_base + c0 // BLOCK_T) * D + offs_d) * 2
+            live = c0 < t_end
+            gap = tl.maximum(
+                _start_mismatch(chunk_ptr + slot, c_in, mask_d, live),
+                _start_mismatch(chunk_ptr + slot + 1, h_in, mask_d, live),
+            )
+            while gap > tol:
+                u_f, u_z, u_o = _load_chunk(u_ptr, row_base, c0, t_end, D, offs_d, mask_d, BLOCK_T)
+                t = c0 + rows
+                valid = t < t_end
+                mask = valid[:, None] & mask_d[None, :]
+                offs_out = ((row_base + t)[:, None] * D + offs_d[None, :]) * 2
+                s_c = tl.load(out_ptr + offs_out, mask=mask, other=0.0).to(tl.float32)
+                s_h = tl.load(out_ptr + offs_out + 1, mask=mask, other=0.0).to(tl.float32)
+                s_c, s_h, hist, k = _lstm_chunk(
+                    s_c, s_h, c_in, h_in, u_f, u_z, u_o, a_f, a_z, a_o, p_f, p_o, mask, valid,
+                    rows, before, hist, slots, tol, omega, MAX_ITERS, HIST,
+                )  # fmt: skip
+                most_iters = tl.maximum(most_iters, k)
+                tl.store(out_ptr + offs_out, s_c.to(out_ptr.dtype.element_ty), mask=mask)
+                tl.store(out_ptr + offs_out + 1, s_h.to(out_ptr.dtype.element_ty), mask=mask)
+                last = tl.minimum(c0 + BLOCK_T, t_end) - 1 - c0
+                c_in = _pick_row(s_c, rows, last)
+                h_in = _pick_row(s_h, rows, last)
+                c0 += BLOCK_T
+                slot = ((chunk_base + c0 // BLOCK_T) * D + offs_d) * 2
+                live = c0 < t_end
+                gap = tl.maximum(
+                    _start_mismatch(chunk_ptr + slot, c_in, mask_d, live),
+                    _start_mismatch(chunk_ptr + slot + 1, h_in, mask_d, live),
+                )
+            hist = tl.where(slots == HIST - 1, tl.maximum(hist, gap), hist)
+            c = tl.where(c0 >= t_end, c_in, c)
+            h = tl.where(c0 >= t_end, h_in, h)
     tl.store(end_ptr + seg_slot * 2, c, mask=mask_d)
     tl.store(end_ptr + seg_slot * 2 + 1, h, mask=mask_d)
-    if NEED_JPROD:
-        tl.store(jprod_ptr + seg_slot * 4, q00, mask=mask_d)
-        tl.store(jprod_ptr + seg_slot * 4 + 1, q01, mask=mask_d)
-        tl.store(jprod_ptr + seg_slot * 4 + 2, q10, mask=mask_d)
-        tl.store(jprod_ptr + seg_slot * 4 + 3, q11, mask=mask_d)
+    if CHAINED:
+        _publish_segment(sync_ptr, pid_d, pid_b, seg)
     _publish_stats(stats_ptr, hist, slots, most_iters, HIST)
 
 

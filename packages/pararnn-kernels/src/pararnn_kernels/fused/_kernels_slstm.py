@@ -23,13 +23,17 @@ from ._kernels import (
     _log,
     _partial_slots,
     _pick_row,
+    _publish_segment,
     _publish_stats,
     _record_residual,
     _residual_size,
+    _segment_program,
     _shift_rows,
     _sigmoid,
+    _start_mismatch,
     _tanh,
     _tile_max,
+    _wait_for_segment_before,
 )
 from .slstm import SLSTM_EMPTY_LOG_NORMALISER
 
@@ -147,33 +151,85 @@ def _identity_past_end(valid, j00, j01, j02, j10, j11, j12, j20, j21, j22):
 
 
 @triton.jit
+def _slstm_chunk(
+    s_c, s_l, s_h, c, ell, h, u_z, u_i, u_f, u_o, r_z, r_i, r_f, r_o, mask, valid, rows, before,
+    hist, slots, tol, omega, MAX_ITERS: tl.constexpr, HIST: tl.constexpr,
+):  # fmt: skip
+    """Newton on one chunk from the guess ``(s_c, s_l, s_h)`` and the exact state
+    ``(c, ell, h)`` before it: ``(s_c, s_l, s_h, hist, updates)`` (as ``_kernels._gru_chunk``)."""
+    k = 0
+    done = 0
+    while done == 0:
+        prev_c = _shift_rows(s_c, before, rows, c)
+        prev_l = _shift_rows(s_l, before, rows, ell)
+        prev_h = _shift_rows(s_h, before, rows, h)
+        z, f_pre, o, ell_new, lam, c_new = _slstm_forward(
+            prev_c, prev_l, prev_h, u_z, u_i, u_f, u_o, r_z, r_i, r_f, r_o
+        )
+        j00, j01, j02, j10, j11, j12, j20, j21, j22 = _slstm_jacobian(
+            prev_c, z, f_pre, o, lam, c_new, r_z, r_i, r_f, r_o
+        )
+        r_c = tl.where(mask, c_new - s_c, 0.0)
+        r_l = tl.where(mask, ell_new - s_l, 0.0)
+        r_h = tl.where(mask, o * c_new - s_h, 0.0)
+        # One reduction over the tile for all components (each crosses the warps once).
+        size = tl.maximum(tl.maximum(_residual_size(r_c), _residual_size(r_l)), _residual_size(r_h))
+        worst = _tile_max(size)
+        hist, done = _record_residual(hist, slots, k, worst, tol, MAX_ITERS, HIST)
+        if done == 0:
+            m00, m01, m02, m10, m11, m12, m20, m21, m22 = _identity_past_end(
+                valid, j00, j01, j02, j10, j11, j12, j20, j21, j22
+            )
+            _p0, _p1, _p2, _p3, _p4, _p5, _p6, _p7, _p8, d_c, d_l, d_h = tl.associative_scan(
+                (m00, m01, m02, m10, m11, m12, m20, m21, m22, r_c, r_l, r_h),
+                0,
+                _combine_block3,
+            )
+            s_c = s_c + omega * d_c
+            s_l = s_l + omega * d_l
+            s_h = s_h + omega * d_h
+            k += 1
+    return s_c, s_l, s_h, hist, k
+
+
+@triton.jit
+def _chunk_start_mismatch(chunk_ptr, slot, c, ell, h, mask_d, live):
+    """The largest start mismatch over the three components (``_start_mismatch``)."""
+    return tl.maximum(
+        tl.maximum(
+            _start_mismatch(chunk_ptr + slot, c, mask_d, live),
+            _start_mismatch(chunk_ptr + slot + 1, ell, mask_d, live),
+        ),
+        _start_mismatch(chunk_ptr + slot + 2, h, mask_d, live),
+    )
+
+
+@triton.jit
 def slstm_newton_kernel(
     u_ptr,
     w_ptr,
     start_ptr,
     out_ptr,
     end_ptr,
-    jprod_ptr,
+    chunk_ptr,
+    sync_ptr,
     stats_ptr,
     T,
     D,
     seg_len,
-    first_seg,
     tol,
     omega,
     MAX_ITERS: tl.constexpr,
     GUESS: tl.constexpr,
-    NEED_JPROD: tl.constexpr,
+    CHAINED: tl.constexpr,
     HIST: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """``start [S, B, D, 3]`` -> states ``out [B, T, D, 3]``, ``end [S, B, D, 3]``,
-    ``jprod [S, B, D, 3, 3]``; ``GUESS`` and ``stats`` as in ``gru_newton_kernel``
-    (``GUESS=0``: the empty state; ``GUESS=1``: one step from it)."""
-    pid_d = tl.program_id(0)
-    pid_b = tl.program_id(1)
-    seg = tl.program_id(2) + first_seg
+    """``start [S, B, D, 3]`` -> states ``out [B, T, D, 3]``, ``end [S, B, D, 3]``;
+    ``chunk [B, n_chunks, D, 3]``, ``sync``, ``GUESS`` and ``stats`` as in
+    ``gru_newton_kernel`` (``GUESS=0``: the empty state; ``GUESS=1``: one step from it)."""
+    pid_d, pid_b, seg = _segment_program(sync_ptr, CHAINED)
     n_b = tl.num_programs(1)
     offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
     mask_d = offs_d < D
@@ -184,9 +240,6 @@ def slstm_newton_kernel(
     c = tl.load(start_ptr + seg_slot * 3, mask=mask_d, other=0.0).to(tl.float32)
     ell = tl.load(start_ptr + seg_slot * 3 + 1, mask=mask_d, other=0.0).to(tl.float32)
     h = tl.load(start_ptr + seg_slot * 3 + 2, mask=mask_d, other=0.0).to(tl.float32)
-    one = tl.full([BLOCK_D], 1.0, dtype=tl.float32)
-    zero = tl.zeros([BLOCK_D], dtype=tl.float32)
-    q00, q01, q02, q10, q11, q12, q20, q21, q22 = one, zero, zero, zero, one, zero, zero, zero, one
     hist = tl.full([HIST], -1.0, dtype=tl.float32)
     slots = tl.arange(0, HIST)
     most_iters = tl.full([], 0, dtype=tl.int32)
@@ -195,6 +248,7 @@ def slstm_newton_kernel(
     t_begin = seg * seg_len
     t_end = tl.minimum(t_begin + seg_len, T)
     row_base = pid_b.to(tl.int64) * T
+    chunk_base = pid_b.to(tl.int64) * tl.cdiv(T, BLOCK_T)
     n_z, n_i, n_f, n_o = _load_chunk(u_ptr, row_base, t_begin, t_end, D, offs_d, mask_d, BLOCK_T)
     for c0 in range(t_begin, t_end, BLOCK_T):
         u_z, u_i, u_f, u_o = n_z, n_i, n_f, n_o
@@ -205,11 +259,7 @@ def slstm_newton_kernel(
         valid = t < t_end
         mask = valid[:, None] & mask_d[None, :]
         offs_out = ((row_base + t)[:, None] * D + offs_d[None, :]) * 3
-        if GUESS == 2:
-            s_c = tl.load(out_ptr + offs_out, mask=mask, other=0.0).to(tl.float32)
-            s_l = tl.load(out_ptr + offs_out + 1, mask=mask, other=0.0).to(tl.float32)
-            s_h = tl.load(out_ptr + offs_out + 2, mask=mask, other=0.0).to(tl.float32)
-        elif GUESS == 1:
+        if GUESS == 1:
             empty = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
             empty_ell = tl.full([BLOCK_T, BLOCK_D], EMPTY_LOG_NORMALISER, dtype=tl.float32)
             _g_z, _g_fp, g_o, s_l, _g_lam, s_c = _slstm_forward(
@@ -220,60 +270,16 @@ def slstm_newton_kernel(
             s_c = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
             s_l = tl.full([BLOCK_T, BLOCK_D], EMPTY_LOG_NORMALISER, dtype=tl.float32)
             s_h = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
-
-        k = 0
-        done = 0
-        while done == 0:
-            prev_c = _shift_rows(s_c, before, rows, c)
-            prev_l = _shift_rows(s_l, before, rows, ell)
-            prev_h = _shift_rows(s_h, before, rows, h)
-            z, f_pre, o, ell_new, lam, c_new = _slstm_forward(
-                prev_c, prev_l, prev_h, u_z, u_i, u_f, u_o, r_z, r_i, r_f, r_o
-            )
-            j00, j01, j02, j10, j11, j12, j20, j21, j22 = _slstm_jacobian(
-                prev_c, z, f_pre, o, lam, c_new, r_z, r_i, r_f, r_o
-            )
-            r_c = tl.where(mask, c_new - s_c, 0.0)
-            r_l = tl.where(mask, ell_new - s_l, 0.0)
-            r_h = tl.where(mask, o * c_new - s_h, 0.0)
-            # One reduction over the tile for all components (each crosses the warps once).
-            size = tl.maximum(
-                tl.maximum(_residual_size(r_c), _residual_size(r_l)), _residual_size(r_h)
-            )
-            worst = _tile_max(size)
-            hist, done = _record_residual(hist, slots, k, worst, tol, MAX_ITERS, HIST)
-            if done == 0:
-                m00, m01, m02, m10, m11, m12, m20, m21, m22 = _identity_past_end(
-                    valid, j00, j01, j02, j10, j11, j12, j20, j21, j22
-                )
-                _p0, _p1, _p2, _p3, _p4, _p5, _p6, _p7, _p8, d_c, d_l, d_h = tl.associative_scan(
-                    (m00, m01, m02, m10, m11, m12, m20, m21, m22, r_c, r_l, r_h),
-                    0,
-                    _combine_block3,
-                )
-                s_c = s_c + omega * d_c
-                s_l = s_l + omega * d_l
-                s_h = s_h + omega * d_h
-                k += 1
-            elif NEED_JPROD:
-                # Π_t J_t over the chunk at the converged states (rows past the end are the
-                # identity): the last row of the prefix products, on the left of the product
-                # so far.
-                m00, m01, m02, m10, m11, m12, m20, m21, m22 = _identity_past_end(
-                    valid, j00, j01, j02, j10, j11, j12, j20, j21, j22
-                )
-                p00, p01, p02, p10, p11, p12, p20, p21, p22 = tl.associative_scan(
-                    (m00, m01, m02, m10, m11, m12, m20, m21, m22), 0, _matmul3
-                )
-                lr = BLOCK_T - 1
-                q00, q01, q02, q10, q11, q12, q20, q21, q22 = _matmul3(
-                    q00, q01, q02, q10, q11, q12, q20, q21, q22,
-                    _pick_row(p00, rows, lr), _pick_row(p01, rows, lr), _pick_row(p02, rows, lr),
-                    _pick_row(p10, rows, lr), _pick_row(p11, rows, lr), _pick_row(p12, rows, lr),
-                    _pick_row(p20, rows, lr), _pick_row(p21, rows, lr), _pick_row(p22, rows, lr),
-                )  # fmt: skip
+        if CHAINED:
+            slot = ((chunk_base + c0 // BLOCK_T) * D + offs_d) * 3
+            tl.store(chunk_ptr + slot, c, mask=mask_d)
+            tl.store(chunk_ptr + slot + 1, ell, mask=mask_d)
+            tl.store(chunk_ptr + slot + 2, h, mask=mask_d)
+        s_c, s_l, s_h, hist, k = _slstm_chunk(
+            s_c, s_l, s_h, c, ell, h, u_z, u_i, u_f, u_o, r_z, r_i, r_f, r_o, mask, valid, rows,
+            before, hist, slots, tol, omega, MAX_ITERS, HIST,
+        )  # fmt: skip
         most_iters = tl.maximum(most_iters, k)
-
         tl.store(out_ptr + offs_out, s_c.to(out_ptr.dtype.element_ty), mask=mask)
         tl.store(out_ptr + offs_out + 1, s_l.to(out_ptr.dtype.element_ty), mask=mask)
         tl.store(out_ptr + offs_out + 2, s_h.to(out_ptr.dtype.element_ty), mask=mask)
@@ -282,20 +288,53 @@ def slstm_newton_kernel(
         ell = _pick_row(s_l, rows, last)
         h = _pick_row(s_h, rows, last)
 
+    if CHAINED:  # noqa: SIM102 (compiled in or out; the test below runs)
+        if seg > 0:
+            # The segment's correcting walk (as in gru_newton_kernel).
+            tl.debug_barrier()
+            _wait_for_segment_before(sync_ptr, pid_d, pid_b, seg)
+            prev_slot = (seg_slot - n_b * D) * 3
+            c_in = tl.load(end_ptr + prev_slot, mask=mask_d, other=0.0, volatile=True)
+            l_in = tl.load(end_ptr + prev_slot + 1, mask=mask_d, other=0.0, volatile=True)
+            h_in = tl.load(end_ptr + prev_slot + 2, mask=mask_d, other=0.0, volatile=True)
+            c0 = t_begin
+            slot = ((chunk_base + c0 // BLOCK_T) * D + offs_d) * 3
+            gap = _chunk_start_mismatch(chunk_ptr, slot, c_in, l_in, h_in, mask_d, c0 < t_end)
+            while gap > tol:
+                u_z, u_i, u_f, u_o = _load_chunk(
+                    u_ptr, row_base, c0, t_end, D, offs_d, mask_d, BLOCK_T
+                )
+                t = c0 + rows
+                valid = t < t_end
+                mask = valid[:, None] & mask_d[None, :]
+                offs_out = ((row_base + t)[:, None] * D + offs_d[None, :]) * 3
+                s_c = tl.load(out_ptr + offs_out, mask=mask, other=0.0).to(tl.float32)
+                s_l = tl.load(out_ptr + offs_out + 1, mask=mask, other=0.0).to(tl.float32)
+                s_h = tl.load(out_ptr + offs_out + 2, mask=mask, other=0.0).to(tl.float32)
+                s_c, s_l, s_h, hist, k = _slstm_chunk(
+                    s_c, s_l, s_h, c_in, l_in, h_in, u_z, u_i, u_f, u_o, r_z, r_i, r_f, r_o,
+                    mask, valid, rows, before, hist, slots, tol, omega, MAX_ITERS, HIST,
+                )  # fmt: skip
+                most_iters = tl.maximum(most_iters, k)
+                tl.store(out_ptr + offs_out, s_c.to(out_ptr.dtype.element_ty), mask=mask)
+                tl.store(out_ptr + offs_out + 1, s_l.to(out_ptr.dtype.element_ty), mask=mask)
+                tl.store(out_ptr + offs_out + 2, s_h.to(out_ptr.dtype.element_ty), mask=mask)
+                last = tl.minimum(c0 + BLOCK_T, t_end) - 1 - c0
+                c_in = _pick_row(s_c, rows, last)
+                l_in = _pick_row(s_l, rows, last)
+                h_in = _pick_row(s_h, rows, last)
+                c0 += BLOCK_T
+                slot = ((chunk_base + c0 // BLOCK_T) * D + offs_d) * 3
+                gap = _chunk_start_mismatch(chunk_ptr, slot, c_in, l_in, h_in, mask_d, c0 < t_end)
+            hist = tl.where(slots == HIST - 1, tl.maximum(hist, gap), hist)
+            c = tl.where(c0 >= t_end, c_in, c)
+            ell = tl.where(c0 >= t_end, l_in, ell)
+            h = tl.where(c0 >= t_end, h_in, h)
     tl.store(end_ptr + seg_slot * 3, c, mask=mask_d)
     tl.store(end_ptr + seg_slot * 3 + 1, ell, mask=mask_d)
     tl.store(end_ptr + seg_slot * 3 + 2, h, mask=mask_d)
-    if NEED_JPROD:
-        base = jprod_ptr + seg_slot * 9
-        tl.store(base, q00, mask=mask_d)
-        tl.store(base + 1, q01, mask=mask_d)
-        tl.store(base + 2, q02, mask=mask_d)
-        tl.store(base + 3, q10, mask=mask_d)
-        tl.store(base + 4, q11, mask=mask_d)
-        tl.store(base + 5, q12, mask=mask_d)
-        tl.store(base + 6, q20, mask=mask_d)
-        tl.store(base + 7, q21, mask=mask_d)
-        tl.store(base + 8, q22, mask=mask_d)
+    if CHAINED:
+        _publish_segment(sync_ptr, pid_d, pid_b, seg)
     _publish_stats(stats_ptr, hist, slots, most_iters, HIST)
 
 

@@ -31,16 +31,15 @@ from ..dispatch import (
     triton_installed,
     triton_interpret_mode,
 )
-from ..scan import scan_block_diag, scan_diag
 from ..scan.launch import triton_next_power_of_2
 
 __all__ = [
     "FUSED_DEFAULT_TOL",
     "HBM_BYTES_PER_S",
-    "MAX_SEGMENT_PASSES",
     "NEWTON_CHUNK_S",
     "NEWTON_SM_CHUNK_S",
     "SEGMENTS_FIXED_S",
+    "SEGMENT_LINK_S",
     "SEQUENTIAL_STEP_S",
     "CellSpec",
     "FusedNewtonResult",
@@ -52,8 +51,6 @@ __all__ = [
 #: The per-chunk stopping tolerance when none is given: float32 arithmetic resolves residuals of
 #: states in ``[-1, 1]`` to about this, so a tighter one only spends iterations.
 FUSED_DEFAULT_TOL: Final = 1.0e-6
-#: Boundary-correction passes at most when time is split into segments.
-MAX_SEGMENT_PASSES: Final = 4
 
 
 @dataclass(frozen=True)
@@ -66,7 +63,8 @@ class FusedPlan:
         block_t: steps per chunk (a power of two).
         block_d: channels per program (a power of two).
         segments: time segments (1: every chunk starts from the exact state; more: segments
-            start from guesses corrected on the boundaries).
+            start from guesses, then correct their first chunks from the previous segment's
+            end state, on the device).
         num_warps: warps per program.
     """
 
@@ -88,30 +86,30 @@ class FusedNewtonResult:
     Attributes:
         states: ``[B, T, D]`` (diagonal cells) or ``[B, T, D, k]`` (block cells), the storage
             dtype of ``u``.
-        passes: full passes over the inputs (1 without segments).
+        passes: walks over the chunks: 1 without segments, 2 with them (the second, correcting
+            walk of each segment stops where the correction has died out, often after one
+            chunk).
         plan: the launch shape used.
         stats: ``[H + 1]`` float32 on the device, the maxima the kernels' atomics wrote: entry
             k < H - 1 the residual before update k, entry H - 1 the largest residual a chunk
-            stopped at, entry H the most updates any chunk ran.
-        boundary_gap: the largest mismatch between a segment's end state and the next segment's
-            start state after the last correction pass (0 without segments).
+            stopped at (and, with segments, the largest start-state mismatch a correcting walk
+            stopped at), entry H the most updates any chunk ran.
         iters: the most Newton updates any chunk ran (over all passes).
         residuals: per update index k, the max over chunks (and passes) of the residual
             before update k (chunks that had stopped do not count); ``iters + 1`` entries;
             ``inf`` marks a non-finite residual.
-        max_residual: the largest residual any chunk stopped at, and ``boundary_gap``; ``inf``
-            when any residual is not finite.
+        max_residual: the largest residual any chunk stopped at (or start mismatch a correcting
+            walk stopped at); ``inf`` when any residual is not finite.
     """
 
     states: Tensor
     passes: int
     plan: FusedPlan
     stats: Tensor
-    boundary_gap: float = 0.0
 
     @functools.cached_property
     def _summary(self) -> tuple[int, tuple[float, ...], float]:
-        return summarize_fused_stats(self.stats.tolist(), self.boundary_gap)
+        return summarize_fused_stats(self.stats.tolist())
 
     @property
     def iters(self) -> int:
@@ -126,19 +124,17 @@ class FusedNewtonResult:
         return self._summary[2]
 
 
-def summarize_fused_stats(
-    values: Sequence[float], boundary_gap: float = 0.0
-) -> tuple[int, tuple[float, ...], float]:
+def summarize_fused_stats(values: Sequence[float]) -> tuple[int, tuple[float, ...], float]:
     """``(iters, residuals, max_residual)`` of :class:`FusedNewtonResult` from its ``stats``
-    read back (``values``, ``H + 1`` numbers) and its ``boundary_gap``."""
+    read back (``values``, ``H + 1`` numbers)."""
     if len(values) < 2:
         raise ValueError(f"values must hold the kernels' H + 1 >= 2 stats, got {len(values)}")
     hist_len = len(values) - 1
     most = int(values[-1])
     residuals = tuple(float(v) for v in values[: most + 1])
     stopped = float(values[hist_len - 1])
-    worst = max(stopped, boundary_gap)
-    if any(not math.isfinite(v) for v in (*residuals, stopped, boundary_gap)):
+    worst = stopped
+    if any(not math.isfinite(v) for v in (*residuals, stopped)):
         worst = math.inf
     return most, residuals, worst
 
@@ -335,19 +331,20 @@ def _stacked(weights: Sequence[Tensor]) -> Tensor:
 # program walks its chunks one after the other: a 128-step chunk of a 4-channel tile takes
 # NEWTON_CHUNK_S when its program is alone on a multiprocessor, and programs sharing one take
 # NEWTON_SM_CHUNK_S of its time per chunk each, so a call takes the longer of the chain of one
-# program's chunks and the multiprocessors' share of all of them, plus NEWTON_FIXED_S; time
-# segments add a second pass and SEGMENTS_FIXED_S (their guesses, the boundary correction and
-# its host read). The block cells scale the chunk times by their CellSpec factors. The
-# sequential kernel takes SEQUENTIAL_STEP_S per step per wave and reaches its CellSpec's
+# program's chunks and the multiprocessors' share of all of them, plus NEWTON_FIXED_S. Time
+# segments add SEGMENTS_FIXED_S (their guesses and flags) and lengthen the chain by a link per
+# segment after the first (SEGMENT_LINK_S: its correcting walk, typically one chunk, and the
+# handover of its end state). The block cells scale the chunk times by their CellSpec factors.
+# The sequential kernel takes SEQUENTIAL_STEP_S per step per wave and reaches its CellSpec's
 # sequential_bw_share of the copy bandwidth when B·D fills the GPU. Against the 115 Newton times
-# of that day (every cell; T = 256-65536, B = 1-64; every plan and segment count timed) the
-# estimates were 0.72-1.35x, median 1.01. Before 2026-12-06: one time per chunk and wave of four
-# programs per multiprocessor (6.5 us, fitted to slower kernels), 0.1 ms per call and 0.16 us
-# per sequential step.
+# of 2026-12-06 (every cell; T = 256-65536, B = 1-64; every plan and segment count timed) the
+# unsegmented estimates were 0.72-1.35x, median 1.01. The segment constants are estimates that
+# no GPU has checked yet (the segments were chained by the host until 2026-12-06, at 0.45 ms).
 NEWTON_CHUNK_S: Final = 2.9e-6
 NEWTON_SM_CHUNK_S: Final = 1.05e-6
 NEWTON_FIXED_S: Final = 0.02e-3
-SEGMENTS_FIXED_S: Final = 0.45e-3
+SEGMENTS_FIXED_S: Final = 0.02e-3
+SEGMENT_LINK_S: Final = 4.0e-6
 SEQUENTIAL_STEP_S: Final = 0.12e-6
 #: The copy bandwidth of an H200 (bytes read plus written per second), for the byte floor.
 HBM_BYTES_PER_S: Final = 4.3e12
@@ -375,14 +372,14 @@ def plan_fused(
     block_t = block_t or (spec.wide_block_t if wide else spec.block_t)
     block_d = block_d or min(8 if wide else spec.block_d, triton_next_power_of_2(channels))
     if segments is None:
-        # The fewest segments of the fastest estimate, powers of two up to two programs per
+        # The fewest segments of the fastest estimate, powers of two up to four programs per
         # multiprocessor (and at least a chunk per segment): segments shorten each program's
-        # chain of chunks, but pay a second pass and a fixed cost.
+        # chain of chunks, but add a link per segment to it and a fixed cost.
         sms = multiprocessor_count(device)
         programs = batch * math.ceil(channels / block_d)
         chunks = math.ceil(steps / block_t)
         candidates = [1]
-        while programs * candidates[-1] < 2 * sms and 2 * candidates[-1] <= chunks:
+        while programs * candidates[-1] < 4 * sms and 2 * candidates[-1] <= chunks:
             candidates.append(2 * candidates[-1])
         segments = min(
             candidates,
@@ -409,13 +406,12 @@ def _newton_seconds(
     """The cost model's time of one fused Newton call on a plan (see :func:`estimate_seconds`)."""
     programs = batch * math.ceil(channels / block_d) * segments
     lengths = math.ceil(steps / (segments * block_t)) * block_t / 128  # 128-step chunks
-    passes = 1 if segments == 1 else 2
-    chain = lengths * NEWTON_CHUNK_S * spec.newton_latency
+    chain = (lengths * NEWTON_CHUNK_S + (segments - 1) * SEGMENT_LINK_S) * spec.newton_latency
     share = programs * lengths * NEWTON_SM_CHUNK_S * spec.newton_work * max(block_d, 4) / 4
     fixed = NEWTON_FIXED_S + (0.0 if segments == 1 else SEGMENTS_FIXED_S)
     # The longer of the two, smoothed where they are close (there both limit a call).
     busy = float((chain**4 + (share / multiprocessors) ** 4) ** 0.25)
-    return fixed + passes * max(floor, busy)
+    return fixed + max(floor, busy)
 
 
 def sequential_plan(spec: CellSpec, batch: int, channels: int) -> tuple[int, int, int, int]:
@@ -445,11 +441,12 @@ def estimate_seconds(
     Both read ``u`` once and write the states once: the byte floor is
     ``(G + k) · B·T·D · size / bandwidth``. Sequential: ``T`` steps of
     ``SEQUENTIAL_STEP_S · sequential_work`` per wave of programs, or the floor over its share of
-    the bandwidth (``sequential_bw_share``). Newton, per pass (two with segments): the longest
-    of the floor, one program's chain of chunks (``NEWTON_CHUNK_S · newton_latency`` per 128
-    steps) and the multiprocessors' share of every program's chunks (``NEWTON_SM_CHUNK_S ·
-    newton_work · max(block_d, 4) / 4`` each per 128 steps; the last two smoothed where they are
-    close), plus ``NEWTON_FIXED_S`` (and ``SEGMENTS_FIXED_S`` with segments).
+    the bandwidth (``sequential_bw_share``). Newton: the longest of the floor, one program's
+    chain of chunks (``NEWTON_CHUNK_S · newton_latency`` per 128 steps, and
+    ``SEGMENT_LINK_S · newton_latency`` per segment after the first) and the multiprocessors'
+    share of every program's chunks (``NEWTON_SM_CHUNK_S · newton_work · max(block_d, 4) / 4``
+    each per 128 steps; the last two smoothed where they are close), plus ``NEWTON_FIXED_S``
+    (and ``SEGMENTS_FIXED_S`` with segments).
     """
     size = dtype.itemsize
     floor = (len(spec.gates) + spec.k) * batch * steps * channels * size / HBM_BYTES_PER_S
@@ -491,23 +488,6 @@ def _segment_guess(
     return spec.step(empty, before, rows.float())
 
 
-def _corrected_starts(spec: CellSpec, starts: Tensor, ends: Tensor, jprod: Tensor) -> Tensor:
-    """One Newton step on the segment boundaries (see :func:`newton`); ``[S, B, D(, k)]``."""
-    # Each segment's end state should be the next one's start state, and jprod is the
-    # derivative of a segment's end by its start: one Newton step on the boundaries is the
-    # linear recurrence s'_{j+1} = P_j s'_j + (end_j - P_j s_j), s'_0 = h0, a scan over the
-    # segments (diagonal or block-diagonal, as the cell's Jacobian).
-    mult = jprod[:-1].transpose(0, 1).contiguous()
-    if spec.k == 1:
-        offset = (ends[:-1] - jprod[:-1] * starts[:-1]).transpose(0, 1).contiguous()
-        fixed = scan_diag(mult, offset, starts[0], backend="auto")
-    else:
-        moved = (jprod[:-1] @ starts[:-1].unsqueeze(-1)).squeeze(-1)
-        offset = (ends[:-1] - moved).transpose(0, 1).contiguous()
-        fixed = scan_block_diag(mult, offset, starts[0], backend="auto")
-    return torch.cat([starts[:1], fixed.transpose(0, 1)]).contiguous()
-
-
 def newton(
     spec: CellSpec,
     u: Tensor,
@@ -522,99 +502,73 @@ def newton(
 ) -> FusedNewtonResult:
     """Chunked fused Newton for any cell (the public wrappers document the arguments).
 
-    With segments, every segment first runs from a guessed start state, then the start states
-    are corrected by one Newton step on the boundaries (:func:`_corrected_starts`) and segments
-    1.. rerun warm-started, until the boundary mismatch is ``<= tol`` or
-    :data:`MAX_SEGMENT_PASSES` passes ran (one host sync per correction pass).
+    With segments, one launch does everything on the device: every segment runs from a guessed
+    start state (:func:`_segment_guess`), then each segment after the first waits for the
+    previous one's final end state and walks its chunks again from it until a chunk's start
+    state is within ``tol`` of the one its states were solved from (the kernel modules'
+    section "time segments chained on the device"). Nothing is read back to the host, so
+    segments capture in CUDA graphs too.
     """
     batch, steps, channels = check_layer(spec, u, weights, h0)
     if not isinstance(max_iters, int) or max_iters < 1:
         raise ValueError(f"max_iters must be an int >= 1, got {max_iters!r}")
     tol = FUSED_DEFAULT_TOL if tol is None else float(tol)
-    # A CUDA graph cannot hold the segments' host reads: while one is captured the default
-    # plan keeps one segment (chunks from the exact state, fewer programs).
-    capturing = u.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-    plan = plan or plan_fused(
-        spec, batch, steps, channels, u.device, segments=1 if capturing else None
-    )
+    plan = plan or plan_fused(spec, batch, steps, channels, u.device)
     u = u.contiguous()
     rows = _stacked(weights)
     dev = u.device
-    k = spec.k
     n_d = math.ceil(channels / plan.block_d)
     segments = min(plan.segments, math.ceil(steps / plan.block_t))
     seg_len = math.ceil(math.ceil(steps / segments) / plan.block_t) * plan.block_t
     segments = math.ceil(steps / seg_len)
-    if segments > 1 and capturing:
-        raise RuntimeError(
-            f"plan.segments must be 1 while a CUDA graph is captured, got {plan.segments} "
-            f"(B={batch}, T={steps}, d={channels}): the segments' correction passes read the "
-            "boundary mismatch back to the host, which a graph cannot hold"
-        )
     hist_len = triton_next_power_of_2(max_iters + 2)
 
     # Host-side work is a large share of a call at moderate sizes: as few tensor ops as the
     # single-segment case needs (its start state is h0 itself, read only).
     tail = spec.state_tail(channels)
     start0 = spec.empty_state((batch,), channels, dev, torch.float32) if h0 is None else h0.float()
+    # Maxima over every program, written by the kernels' atomics: entry k the residual before
+    # update k, entry hist_len - 1 the largest a chunk stopped at, then the most updates any
+    # chunk ran.
+    stats = torch.zeros(hist_len + 1, device=dev, dtype=torch.float32)
     if segments == 1:
         starts = start0.unsqueeze(0).contiguous()
+        chunk_starts = sync = stats  # neither is touched with one segment
     else:
         starts = torch.empty(segments, batch, *tail, device=dev, dtype=torch.float32)
         starts[0] = start0
         seg_t = torch.arange(1, segments, device=dev) * seg_len
         starts[1:] = _segment_guess(spec, u, rows, seg_t, channels, initial_guess == "step")
+        n_chunks = math.ceil(steps / plan.block_t)
+        chunk_starts = torch.empty(batch, n_chunks, *tail, device=dev, dtype=torch.float32)
+        # The ticket counter, then one flag per program.
+        sync = torch.zeros(1 + segments * batch * n_d, device=dev, dtype=torch.int32)
     out = torch.empty(batch, steps, *tail, device=dev, dtype=u.dtype)
     ends = torch.empty_like(starts)
-    jprod = ends  # not written without NEED_JPROD
-    if segments > 1:
-        jac_tail = () if k == 1 else (k, k)
-        jprod = torch.empty(segments, batch, channels, *jac_tail, device=dev, dtype=torch.float32)
-    kernel = _kernel(spec, "newton")
-    # Maxima over every program of every pass, written by the kernels' atomics: entry k the
-    # residual before update k, entry hist_len - 1 the largest a chunk stopped at, then the
-    # most updates any chunk ran.
-    stats = torch.zeros(hist_len + 1, device=dev, dtype=torch.float32)
-
-    def run_pass(first: int, guess: int) -> None:
-        kernel[(n_d, batch, segments - first)](
-            u,
-            rows,
-            starts,
-            out,
-            ends,
-            jprod,
-            stats,
-            steps,
-            channels,
-            seg_len,
-            first,
-            tol,
-            float(omega),
-            MAX_ITERS=max_iters,
-            GUESS=guess,
-            NEED_JPROD=segments > 1,
-            HIST=hist_len,
-            BLOCK_T=plan.block_t,
-            BLOCK_D=plan.block_d,
-            num_warps=plan.num_warps,
-        )
-
-    run_pass(0, 1 if initial_guess == "step" else 0)
-    passes = 1
-    gap_end = 0.0
-    while segments > 1:
-        # The correction pass warm-starts from the states it has (GUESS=2).
-        starts = _corrected_starts(spec, starts, ends, jprod)
-        run_pass(1, 2)
-        passes += 1
-        # One host sync per correction pass (the first correction needs none before it).
-        gap_end = float((ends[:-1] - starts[1:]).abs().amax())
-        if not math.isfinite(gap_end) or gap_end <= tol or passes >= MAX_SEGMENT_PASSES:
-            break
-
-    # Everything else the stats need stays on the device until the result is asked for it.
-    return FusedNewtonResult(out, passes, plan, stats, gap_end)
+    _kernel(spec, "newton")[(n_d, batch, segments)](
+        u,
+        rows,
+        starts,
+        out,
+        ends,
+        chunk_starts,
+        sync,
+        stats,
+        steps,
+        channels,
+        seg_len,
+        tol,
+        float(omega),
+        MAX_ITERS=max_iters,
+        GUESS=1 if initial_guess == "step" else 0,
+        CHAINED=segments > 1,
+        HIST=hist_len,
+        BLOCK_T=plan.block_t,
+        BLOCK_D=plan.block_d,
+        num_warps=plan.num_warps,
+    )
+    # The stats stay on the device until the result is asked for them.
+    return FusedNewtonResult(out, 1 if segments == 1 else 2, plan, stats)
 
 
 def backward(

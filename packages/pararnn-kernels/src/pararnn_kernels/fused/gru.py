@@ -7,8 +7,9 @@ compute capability >= 8.0); arithmetic in float32.
 
 * :func:`fused_gru_newton` -- Newton over time chunks that start from the exact state, on-chip,
   to the tolerance per chunk; when ``B·D`` is too small to fill the GPU, also split time into
-  segments run from guessed start states and corrected by Newton on the segment boundaries
-  (each correction pass reads the inputs once more). :func:`plan_fused_gru` is the cost model.
+  segments run from guessed start states, each then corrected on the device from the previous
+  segment's end state until the correction dies out (typically one chunk).
+  :func:`plan_fused_gru` is the cost model.
 * :func:`fused_gru_backward` -- one reverse pass: ``∂L/∂u``, ``∂L/∂h0`` and ``∂L/∂weight``
   (per-program partial sums added in a fixed order: bit-identical on repeat).
 * :func:`fused_gru_sequential` -- one step at a time; the honest baseline and the eval path.
@@ -28,9 +29,9 @@ from torch import Tensor
 from ._layer import (
     FUSED_DEFAULT_TOL,
     HBM_BYTES_PER_S,
-    MAX_SEGMENT_PASSES,
     NEWTON_CHUNK_S,
     NEWTON_SM_CHUNK_S,
+    SEGMENT_LINK_S,
     SEGMENTS_FIXED_S,
     SEQUENTIAL_STEP_S,
     CellSpec,
@@ -49,10 +50,10 @@ from ._layer import (
 __all__ = [
     "FUSED_DEFAULT_TOL",
     "HBM_BYTES_PER_S",
-    "MAX_SEGMENT_PASSES",
     "NEWTON_CHUNK_S",
     "NEWTON_SM_CHUNK_S",
     "SEGMENTS_FIXED_S",
+    "SEGMENT_LINK_S",
     "SEQUENTIAL_STEP_S",
     "FusedNewtonResult",
     "FusedPlan",
@@ -112,12 +113,12 @@ def plan_fused_gru(
 
     Tiles: 128 steps x 4 channels, 2 warps (64 x 8 when ``B·D >= 2^15``), the fastest measured.
     Segments: a program walks its chunks one after the other, so when the ``B · ceil(D /
-    block_d)`` programs give fewer than two per multiprocessor, time may be split into a
-    power-of-two number of segments, up to the smallest that gives two (each segment at least
-    one chunk). A segmented solve costs a second, warm-started pass and a fixed cost
+    block_d)`` programs give fewer than four per multiprocessor, time may be split into a
+    power-of-two number of segments, up to the smallest that gives four (each segment at least
+    one chunk). Each segment after the first adds a link to the chain (its correcting walk from
+    the previous segment's end state, :data:`SEGMENT_LINK_S`) and the split a fixed cost
     (:data:`SEGMENTS_FIXED_S`), so the count is the one of the fastest cost-model estimate
-    (:func:`estimate_fused_gru_seconds`), the fewest on a tie: at ``B = 1, D = 256`` none up to
-    ``T = 16384``, 8 from ``T = 32768``. The block cells
+    (:func:`estimate_fused_gru_seconds`), the fewest on a tie. The block cells
     (:func:`~pararnn_kernels.fused.plan_fused_lstm`,
     :func:`~pararnn_kernels.fused.plan_fused_slstm`) use the same rules with their own default
     ``block_t`` and chunk times.
@@ -182,14 +183,12 @@ def fused_gru_newton(
         max_iters: Newton updates per chunk at most (``>= 1``).
         tol: a chunk stops once its max residual ``|f(h_{t-1}, u_t) - h_t|`` is ``<= tol``
             (decided on the device, no host sync); None: :data:`FUSED_DEFAULT_TOL`. With
-            segments, the boundary correction also stops at this mismatch (one host sync per
-            pass).
+            segments, a segment's correcting walk also stops at a chunk whose start state moved
+            by at most this.
         omega: damping of each update.
         initial_guess: ``"step"``: ``h^0_t = f(0, u_t)``; ``"initial_state"``: zeros.
-        plan: launch shape; None asks :func:`plan_fused_gru`.
-            While a CUDA graph is being captured the default plan has one segment (the
-            segments' host reads cannot be captured); a given plan with more raises
-            RuntimeError.
+        plan: launch shape; None asks :func:`plan_fused_gru`. Every plan captures in a CUDA
+            graph (segments are chained on the device: nothing is read back).
 
     Returns:
         :class:`FusedNewtonResult` with ``states [B, T, D]`` in ``u``'s dtype.

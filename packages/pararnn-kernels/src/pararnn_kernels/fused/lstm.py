@@ -9,8 +9,7 @@ capability >= 8.0); arithmetic in float32.
 
 The functions mirror the GRU's (:mod:`.gru`: same arguments, plans, stats and time segments);
 the Jacobian is a 2x2 block per channel, so the on-chip scans run on the pair (2x2 block,
-2-vector) and the segment-boundary correction is a block-diagonal scan over the segments of the
-segments' 2x2 Jacobian products.
+2-vector).
 """
 
 from __future__ import annotations
@@ -157,14 +156,12 @@ def fused_lstm_newton(
         h0: ``[B, D, 2]`` initial ``(c, h)``, or None for zeros.
         max_iters: Newton updates per chunk at most (``>= 1``).
         tol: a chunk stops once its max residual (over ``c`` and ``h``) is ``<= tol``; None:
-            :data:`~pararnn_kernels.fused.FUSED_DEFAULT_TOL`. With segments, the boundary
-            correction also stops at this mismatch.
+            :data:`~pararnn_kernels.fused.FUSED_DEFAULT_TOL`. With segments, a segment's
+            correcting walk also stops at a chunk whose start state moved by at most this.
         omega: damping of each update.
         initial_guess: ``"step"``: ``s^0_t = f(0, u_t)``; ``"initial_state"``: zeros.
-        plan: launch shape; None asks :func:`plan_fused_lstm`.
-            While a CUDA graph is being captured the default plan has one segment (the
-            segments' host reads cannot be captured); a given plan with more raises
-            RuntimeError.
+        plan: launch shape; None asks :func:`plan_fused_lstm`. Every plan captures in a CUDA
+            graph (segments are chained on the device: nothing is read back).
 
     Returns:
         :class:`~pararnn_kernels.fused.FusedNewtonResult` with ``states [B, T, D, 2]`` in

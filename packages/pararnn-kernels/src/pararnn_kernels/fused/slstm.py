@@ -11,8 +11,7 @@ chunk and across chunks the states stay float32 on-chip; the stored states (``�
 rounded to the storage dtype, and the backward reads them back.
 
 The functions mirror the GRU's (:mod:`.gru`); the Jacobian is a 3x3 block per channel, so the
-on-chip scans run on the pair (3x3 block, 3-vector), twelve tiles, and the segment-boundary
-correction is a block-diagonal scan of the segments' 3x3 Jacobian products.
+on-chip scans run on the pair (3x3 block, 3-vector), twelve tiles.
 """
 
 from __future__ import annotations
@@ -168,15 +167,13 @@ def fused_slstm_newton(
         h0: ``[B, D, 3]`` initial ``(ĉ, ℓ, h)``, or None for the empty state.
         max_iters: Newton updates per chunk at most (``>= 1``).
         tol: a chunk stops once its max residual (over ``ĉ``, ``ℓ`` and ``h``) is ``<= tol``;
-            None: :data:`~pararnn_kernels.fused.FUSED_DEFAULT_TOL`. With segments, the boundary
-            correction also stops at this mismatch.
+            None: :data:`~pararnn_kernels.fused.FUSED_DEFAULT_TOL`. With segments, a segment's
+            correcting walk also stops at a chunk whose start state moved by at most this.
         omega: damping of each update.
         initial_guess: ``"step"``: one step from the empty state, ``s^0_t = f(s_∅, u_t)``;
             ``"initial_state"``: the empty state ``s_∅``.
-        plan: launch shape; None asks :func:`plan_fused_slstm`.
-            While a CUDA graph is being captured the default plan has one segment (the
-            segments' host reads cannot be captured); a given plan with more raises
-            RuntimeError.
+        plan: launch shape; None asks :func:`plan_fused_slstm`. Every plan captures in a CUDA
+            graph (segments are chained on the device: nothing is read back).
 
     Returns:
         :class:`~pararnn_kernels.fused.FusedNewtonResult` with ``states [B, T, D, 3]`` in
