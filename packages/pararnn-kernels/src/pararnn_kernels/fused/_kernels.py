@@ -10,12 +10,12 @@ float32 whatever the storage dtype.
 
 * ``gru_newton_kernel`` -- grid ``(cdiv(D, BLOCK_D), B, S)``: program ``(d, b, s)`` owns the
   channels of block d of sequence b over time segment s and walks it in chunks of ``BLOCK_T``
-  steps. Each chunk starts from the exact state at its start (the previous chunk's converged end
-  state; the segment's given start state for its first chunk), runs Newton on-chip until its
-  max residual is ``<= tol`` or ``MAX_ITERS`` updates ran, and hands its end state on. The
-  pre-activations are read once and the states written once. With several segments, each
-  segment after the first then corrects itself from the previous one's final end state, on the
-  device (the section "time segments chained on the device" below).
+  steps. Each chunk starts from the state at its start (the previous chunk's converged end
+  state; ``h0`` for the first chunk), runs Newton on-chip until its max residual is ``<= tol``
+  or ``MAX_ITERS`` updates ran, and hands its end state on. The pre-activations are read once
+  and the states written once. With several segments, each segment after the first starts from
+  the initial guess one step before it and then corrects itself from the previous one's final
+  end state, on the device (the section "time segments chained on the device" below).
 * ``gru_backward_kernel`` -- grid ``(cdiv(D, BLOCK_D), B)``: one reverse pass over time per
   program: the adjoint ``μ_t = g_t + J_{t+1} μ_{t+1}`` chunk by chunk (an associative scan per
   chunk plus the carry), ``∂L/∂u``, ``∂L/∂h0 = J_0 μ_0`` and the per-program partial sums of the
@@ -130,6 +130,15 @@ def _load_chunk(u_ptr, row_base, c0, t_end, D, offs_d, mask_d, BLOCK_T: tl.const
 
 
 @triton.jit
+def _gru_guess(u_z, u_c, GUESS: tl.constexpr):
+    """The initial guess of a chunk's states: ``f(0, u_t)`` (``GUESS=1``) or zeros."""
+    if GUESS == 1:
+        return _sigmoid(u_z) * _tanh(u_c)
+    else:
+        return tl.zeros_like(u_z)
+
+
+@triton.jit
 def _gru_chunk(
     states, h, u_z, u_r, u_c, a_z, a_r, a_c, mask, valid, rows, before, hist, slots, tol, omega,
     MAX_ITERS: tl.constexpr, HIST: tl.constexpr,
@@ -178,12 +187,13 @@ def gru_newton_kernel(
     BLOCK_T: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """``start [S, B, D]`` -> states ``out [B, T, D]``, ``end [S, B, D]``.
+    """``h0 [B, D]`` (``start``) -> states ``out [B, T, D]``.
 
     ``GUESS``: 0 zeros, 1 ``f(0, u_t)``. ``CHAINED`` (more than one segment): programs take
     their ``(channel block, row, segment)`` by ticket (``sync [1 + S·B·n_d]`` int32 zeros: the
-    ticket, then a flag per program), record each chunk's start state in float32 in
-    ``chunk [B, n_chunks, D]`` and correct their segment from the previous one's final end state
+    ticket, then a flag per program), start a later segment from the guess one step before it,
+    record each chunk's start state in float32 in ``chunk [B, n_chunks, D]``, correct their
+    segment from the previous one's final end state and publish their own in ``end [S, B, D]``
     (section "time segments chained on the device"). ``stats [HIST + 1]``
     (zeroed by the launcher) receives maxima over all programs (``_publish_stats``): entry k the
     max residual of the chunks before update k (+inf for a non-finite residual), entry
@@ -198,7 +208,8 @@ def gru_newton_kernel(
     a_z, a_r, a_c = _load_weights(w_ptr, offs_d, mask_d, D)
 
     seg_slot = (seg.to(tl.int64) * n_b + pid_b) * D + offs_d
-    h = tl.load(start_ptr + seg_slot, mask=mask_d, other=0.0).to(tl.float32)
+    h = tl.load(start_ptr + pid_b.to(tl.int64) * D + offs_d, mask=mask_d, other=0.0)
+    h = h.to(tl.float32)
     hist = tl.full([HIST], -1.0, dtype=tl.float32)
     slots = tl.arange(0, HIST)
     most_iters = tl.full([], 0, dtype=tl.int32)
@@ -209,6 +220,11 @@ def gru_newton_kernel(
     t_end = tl.minimum(t_begin + seg_len, T)
     row_base = pid_b.to(tl.int64) * T
     chunk_base = pid_b.to(tl.int64) * tl.cdiv(T, BLOCK_T)
+    if CHAINED:
+        # A later segment starts from the initial guess one step before it.
+        before_row = (row_base + tl.maximum(t_begin - 1, 0)) * (3 * D) + offs_d
+        g_z, _g_r, g_c = _load_gates(u_ptr, before_row, mask_d, D)
+        h = tl.where(seg > 0, _gru_guess(g_z, g_c, GUESS), h)
     # The next chunk's inputs are in flight while this chunk iterates.
     n_z, n_r, n_c = _load_chunk(u_ptr, row_base, t_begin, t_end, D, offs_d, mask_d, BLOCK_T)
     for c0 in range(t_begin, t_end, BLOCK_T):
@@ -220,10 +236,7 @@ def gru_newton_kernel(
         valid = t < t_end
         mask = valid[:, None] & mask_d[None, :]
         offs_out = (row_base + t)[:, None] * D + offs_d[None, :]
-        if GUESS == 1:
-            states = _sigmoid(u_z) * _tanh(u_c)
-        else:
-            states = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
+        states = _gru_guess(u_z, u_c, GUESS)
         if CHAINED:
             tl.store(chunk_ptr + (chunk_base + c0 // BLOCK_T) * D + offs_d, h, mask=mask_d)
         states, hist, k = _gru_chunk(
@@ -265,8 +278,8 @@ def gru_newton_kernel(
             hist = tl.where(slots == HIST - 1, tl.maximum(hist, gap), hist)
             # Walked to the end: the segment's end state moved with it.
             h = tl.where(c0 >= t_end, h_in, h)
-    tl.store(end_ptr + seg_slot, h, mask=mask_d)
     if CHAINED:
+        tl.store(end_ptr + seg_slot, h, mask=mask_d)
         _publish_segment(sync_ptr, pid_d, pid_b, seg)
     _publish_stats(stats_ptr, hist, slots, most_iters, HIST)
 

@@ -94,6 +94,18 @@ def _load_chunk(u_ptr, row_base, c0, t_end, D, offs_d, mask_d, BLOCK_T: tl.const
 
 
 @triton.jit
+def _lstm_guess(u_f, u_z, u_o, a_f, a_z, a_o, p_f, p_o, GUESS: tl.constexpr):
+    """The initial guess ``(c, h)`` of a chunk's states: one step from the empty state
+    (``GUESS=1``) or the empty state, zeros."""
+    empty = tl.zeros_like(u_f)
+    if GUESS == 1:
+        _f, _z, c, o, tc = _lstm_forward(empty, empty, u_f, u_z, u_o, a_f, a_z, a_o, p_f, p_o)
+        return c, o * tc
+    else:
+        return empty, empty
+
+
+@triton.jit
 def _lstm_chunk(
     s_c, s_h, c, h, u_f, u_z, u_o, a_f, a_z, a_o, p_f, p_o, mask, valid, rows, before, hist,
     slots, tol, omega, MAX_ITERS: tl.constexpr, HIST: tl.constexpr,
@@ -156,7 +168,7 @@ def lstm_newton_kernel(
     BLOCK_T: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """``start [S, B, D, 2]`` -> states ``out [B, T, D, 2]``, ``end [S, B, D, 2]``;
+    """``h0 [B, D, 2]`` (``start``) -> states ``out [B, T, D, 2]``; ``end [S, B, D, 2]``,
     ``chunk [B, n_chunks, D, 2]``, ``sync``, ``GUESS`` and ``stats`` as in
     ``gru_newton_kernel`` (``GUESS=0``: the empty state, zeros)."""
     pid_d, pid_b, seg = _segment_program(sync_ptr, CHAINED)
@@ -167,8 +179,9 @@ def lstm_newton_kernel(
     a_f, a_z, a_o, p_f, p_o = _load_weights(w_ptr, offs_d, mask_d, D)
 
     seg_slot = (seg.to(tl.int64) * n_b + pid_b) * D + offs_d
-    c = tl.load(start_ptr + seg_slot * 2, mask=mask_d, other=0.0).to(tl.float32)
-    h = tl.load(start_ptr + seg_slot * 2 + 1, mask=mask_d, other=0.0).to(tl.float32)
+    start = (pid_b.to(tl.int64) * D + offs_d) * 2
+    c = tl.load(start_ptr + start, mask=mask_d, other=0.0).to(tl.float32)
+    h = tl.load(start_ptr + start + 1, mask=mask_d, other=0.0).to(tl.float32)
     hist = tl.full([HIST], -1.0, dtype=tl.float32)
     slots = tl.arange(0, HIST)
     most_iters = tl.full([], 0, dtype=tl.int32)
@@ -178,6 +191,13 @@ def lstm_newton_kernel(
     t_end = tl.minimum(t_begin + seg_len, T)
     row_base = pid_b.to(tl.int64) * T
     chunk_base = pid_b.to(tl.int64) * tl.cdiv(T, BLOCK_T)
+    if CHAINED:
+        # A later segment starts from the initial guess one step before it.
+        before_row = (row_base + tl.maximum(t_begin - 1, 0)) * (3 * D) + offs_d
+        g_f, g_z, g_o = _load_gates(u_ptr, before_row, mask_d, D)
+        g_c, g_h = _lstm_guess(g_f, g_z, g_o, a_f, a_z, a_o, p_f, p_o, GUESS)
+        c = tl.where(seg > 0, g_c, c)
+        h = tl.where(seg > 0, g_h, h)
     n_f, n_z, n_o = _load_chunk(u_ptr, row_base, t_begin, t_end, D, offs_d, mask_d, BLOCK_T)
     for c0 in range(t_begin, t_end, BLOCK_T):
         u_f, u_z, u_o = n_f, n_z, n_o
@@ -188,15 +208,7 @@ def lstm_newton_kernel(
         valid = t < t_end
         mask = valid[:, None] & mask_d[None, :]
         offs_out = ((row_base + t)[:, None] * D + offs_d[None, :]) * 2
-        if GUESS == 1:
-            empty = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
-            _g_f, _g_z, s_c, g_o, g_tc = _lstm_forward(
-                empty, empty, u_f, u_z, u_o, a_f, a_z, a_o, p_f, p_o
-            )
-            s_h = g_o * g_tc
-        else:
-            s_c = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
-            s_h = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
+        s_c, s_h = _lstm_guess(u_f, u_z, u_o, a_f, a_z, a_o, p_f, p_o, GUESS)
         if CHAINED:
             slot = ((chunk_base + c0 // BLOCK_T) * D + offs_d) * 2
             tl.store(chunk_ptr + slot, c, mask=mask_d)
@@ -255,9 +267,9 @@ def lstm_newton_kernel(
             hist = tl.where(slots == HIST - 1, tl.maximum(hist, gap), hist)
             c = tl.where(c0 >= t_end, c_in, c)
             h = tl.where(c0 >= t_end, h_in, h)
-    tl.store(end_ptr + seg_slot * 2, c, mask=mask_d)
-    tl.store(end_ptr + seg_slot * 2 + 1, h, mask=mask_d)
     if CHAINED:
+        tl.store(end_ptr + seg_slot * 2, c, mask=mask_d)
+        tl.store(end_ptr + seg_slot * 2 + 1, h, mask=mask_d)
         _publish_segment(sync_ptr, pid_d, pid_b, seg)
     _publish_stats(stats_ptr, hist, slots, most_iters, HIST)
 

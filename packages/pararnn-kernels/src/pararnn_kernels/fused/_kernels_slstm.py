@@ -151,6 +151,21 @@ def _identity_past_end(valid, j00, j01, j02, j10, j11, j12, j20, j21, j22):
 
 
 @triton.jit
+def _slstm_guess(u_z, u_i, u_f, u_o, r_z, r_i, r_f, r_o, GUESS: tl.constexpr):
+    """The initial guess ``(c, ℓ, h)`` of a chunk's states: one step from the empty state
+    (``GUESS=1``) or the empty state."""
+    empty = tl.zeros_like(u_z)
+    empty_ell = tl.full(u_z.shape, EMPTY_LOG_NORMALISER, dtype=tl.float32)
+    if GUESS == 1:
+        _z, _fp, o, ell, _lam, c = _slstm_forward(
+            empty, empty_ell, empty, u_z, u_i, u_f, u_o, r_z, r_i, r_f, r_o
+        )
+        return c, ell, o * c
+    else:
+        return empty, empty_ell, empty
+
+
+@triton.jit
 def _slstm_chunk(
     s_c, s_l, s_h, c, ell, h, u_z, u_i, u_f, u_o, r_z, r_i, r_f, r_o, mask, valid, rows, before,
     hist, slots, tol, omega, MAX_ITERS: tl.constexpr, HIST: tl.constexpr,
@@ -226,7 +241,7 @@ def slstm_newton_kernel(
     BLOCK_T: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """``start [S, B, D, 3]`` -> states ``out [B, T, D, 3]``, ``end [S, B, D, 3]``;
+    """``h0 [B, D, 3]`` (``start``) -> states ``out [B, T, D, 3]``; ``end [S, B, D, 3]``,
     ``chunk [B, n_chunks, D, 3]``, ``sync``, ``GUESS`` and ``stats`` as in
     ``gru_newton_kernel`` (``GUESS=0``: the empty state; ``GUESS=1``: one step from it)."""
     pid_d, pid_b, seg = _segment_program(sync_ptr, CHAINED)
@@ -237,9 +252,10 @@ def slstm_newton_kernel(
     r_z, r_i, r_f, r_o = _load_weights(w_ptr, offs_d, mask_d, D)
 
     seg_slot = (seg.to(tl.int64) * n_b + pid_b) * D + offs_d
-    c = tl.load(start_ptr + seg_slot * 3, mask=mask_d, other=0.0).to(tl.float32)
-    ell = tl.load(start_ptr + seg_slot * 3 + 1, mask=mask_d, other=0.0).to(tl.float32)
-    h = tl.load(start_ptr + seg_slot * 3 + 2, mask=mask_d, other=0.0).to(tl.float32)
+    start = (pid_b.to(tl.int64) * D + offs_d) * 3
+    c = tl.load(start_ptr + start, mask=mask_d, other=0.0).to(tl.float32)
+    ell = tl.load(start_ptr + start + 1, mask=mask_d, other=0.0).to(tl.float32)
+    h = tl.load(start_ptr + start + 2, mask=mask_d, other=0.0).to(tl.float32)
     hist = tl.full([HIST], -1.0, dtype=tl.float32)
     slots = tl.arange(0, HIST)
     most_iters = tl.full([], 0, dtype=tl.int32)
@@ -249,6 +265,14 @@ def slstm_newton_kernel(
     t_end = tl.minimum(t_begin + seg_len, T)
     row_base = pid_b.to(tl.int64) * T
     chunk_base = pid_b.to(tl.int64) * tl.cdiv(T, BLOCK_T)
+    if CHAINED:
+        # A later segment starts from the initial guess one step before it.
+        before_row = (row_base + tl.maximum(t_begin - 1, 0)) * (4 * D) + offs_d
+        g_z, g_i, g_f, g_o = _load_gates(u_ptr, before_row, mask_d, D)
+        g_c, g_l, g_h = _slstm_guess(g_z, g_i, g_f, g_o, r_z, r_i, r_f, r_o, GUESS)
+        c = tl.where(seg > 0, g_c, c)
+        ell = tl.where(seg > 0, g_l, ell)
+        h = tl.where(seg > 0, g_h, h)
     n_z, n_i, n_f, n_o = _load_chunk(u_ptr, row_base, t_begin, t_end, D, offs_d, mask_d, BLOCK_T)
     for c0 in range(t_begin, t_end, BLOCK_T):
         u_z, u_i, u_f, u_o = n_z, n_i, n_f, n_o
@@ -259,17 +283,7 @@ def slstm_newton_kernel(
         valid = t < t_end
         mask = valid[:, None] & mask_d[None, :]
         offs_out = ((row_base + t)[:, None] * D + offs_d[None, :]) * 3
-        if GUESS == 1:
-            empty = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
-            empty_ell = tl.full([BLOCK_T, BLOCK_D], EMPTY_LOG_NORMALISER, dtype=tl.float32)
-            _g_z, _g_fp, g_o, s_l, _g_lam, s_c = _slstm_forward(
-                empty, empty_ell, empty, u_z, u_i, u_f, u_o, r_z, r_i, r_f, r_o
-            )
-            s_h = g_o * s_c
-        else:
-            s_c = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
-            s_l = tl.full([BLOCK_T, BLOCK_D], EMPTY_LOG_NORMALISER, dtype=tl.float32)
-            s_h = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
+        s_c, s_l, s_h = _slstm_guess(u_z, u_i, u_f, u_o, r_z, r_i, r_f, r_o, GUESS)
         if CHAINED:
             slot = ((chunk_base + c0 // BLOCK_T) * D + offs_d) * 3
             tl.store(chunk_ptr + slot, c, mask=mask_d)
@@ -330,10 +344,10 @@ def slstm_newton_kernel(
             c = tl.where(c0 >= t_end, c_in, c)
             ell = tl.where(c0 >= t_end, l_in, ell)
             h = tl.where(c0 >= t_end, h_in, h)
-    tl.store(end_ptr + seg_slot * 3, c, mask=mask_d)
-    tl.store(end_ptr + seg_slot * 3 + 1, ell, mask=mask_d)
-    tl.store(end_ptr + seg_slot * 3 + 2, h, mask=mask_d)
     if CHAINED:
+        tl.store(end_ptr + seg_slot * 3, c, mask=mask_d)
+        tl.store(end_ptr + seg_slot * 3 + 1, ell, mask=mask_d)
+        tl.store(end_ptr + seg_slot * 3 + 2, h, mask=mask_d)
         _publish_segment(sync_ptr, pid_d, pid_b, seg)
     _publish_stats(stats_ptr, hist, slots, most_iters, HIST)
 

@@ -39,6 +39,7 @@ __all__ = [
     "NEWTON_CHUNK_S",
     "NEWTON_SM_CHUNK_S",
     "SEGMENTS_FIXED_S",
+    "SEGMENT_CHUNK_FACTOR",
     "SEGMENT_LINK_S",
     "SEQUENTIAL_STEP_S",
     "CellSpec",
@@ -332,19 +333,23 @@ def _stacked(weights: Sequence[Tensor]) -> Tensor:
 # NEWTON_CHUNK_S when its program is alone on a multiprocessor, and programs sharing one take
 # NEWTON_SM_CHUNK_S of its time per chunk each, so a call takes the longer of the chain of one
 # program's chunks and the multiprocessors' share of all of them, plus NEWTON_FIXED_S. Time
-# segments add SEGMENTS_FIXED_S (their guesses and flags) and lengthen the chain by a link per
-# segment after the first (SEGMENT_LINK_S: its correcting walk, typically one chunk, and the
-# handover of its end state). The block cells scale the chunk times by their CellSpec factors.
-# The sequential kernel takes SEQUENTIAL_STEP_S per step per wave and reaches its CellSpec's
-# sequential_bw_share of the copy bandwidth when B·D fills the GPU. Against the 115 Newton times
-# of 2026-12-06 (every cell; T = 256-65536, B = 1-64; every plan and segment count timed) the
-# unsegmented estimates were 0.72-1.35x, median 1.01. The segment constants are estimates that
-# no GPU has checked yet (the segments were chained by the host until 2026-12-06, at 0.45 ms).
+# segments add SEGMENTS_FIXED_S (their flags and chunk records), make every chunk take
+# SEGMENT_CHUNK_FACTOR times as long (the chained kernel's chunk loop) and lengthen the chain by
+# a link per segment after the first (SEGMENT_LINK_S: its correcting walk, typically one chunk,
+# and the handover of its end state). The block cells scale the chunk times by their CellSpec
+# factors. The sequential kernel takes SEQUENTIAL_STEP_S per step per wave and reaches its
+# CellSpec's sequential_bw_share of the copy bandwidth when B·D fills the GPU. Against the 115
+# Newton times of 2026-12-06 (every cell; T = 256-65536, B = 1-64; every plan and segment count
+# timed) the unsegmented estimates were 0.72-1.35x, median 1.01. The segment constants are
+# fitted to 90 CUDA-graph times of the chained kernels (2026-12-06: every cell, B·D = 64-4096,
+# T = 4096-65536, 1-32 segments; estimates 0.48-1.49x, log-rms 0.15); the planned segment
+# counts ran within 1.10x of the fastest count timed at each of the 18 shapes.
 NEWTON_CHUNK_S: Final = 2.9e-6
 NEWTON_SM_CHUNK_S: Final = 1.05e-6
 NEWTON_FIXED_S: Final = 0.02e-3
-SEGMENTS_FIXED_S: Final = 0.02e-3
-SEGMENT_LINK_S: Final = 4.0e-6
+SEGMENTS_FIXED_S: Final = 0.01e-3
+SEGMENT_CHUNK_FACTOR: Final = 1.2
+SEGMENT_LINK_S: Final = 6.0e-6
 SEQUENTIAL_STEP_S: Final = 0.12e-6
 #: The copy bandwidth of an H200 (bytes read plus written per second), for the byte floor.
 HBM_BYTES_PER_S: Final = 4.3e12
@@ -372,14 +377,15 @@ def plan_fused(
     block_t = block_t or (spec.wide_block_t if wide else spec.block_t)
     block_d = block_d or min(8 if wide else spec.block_d, triton_next_power_of_2(channels))
     if segments is None:
-        # The fewest segments of the fastest estimate, powers of two up to four programs per
-        # multiprocessor (and at least a chunk per segment): segments shorten each program's
-        # chain of chunks, but add a link per segment to it and a fixed cost.
+        # The fewest segments of the fastest estimate, powers of two while there are at most
+        # four programs per multiprocessor (more than can be resident at once serialise) and a
+        # chunk per segment: segments shorten each program's chain of chunks, but add a link
+        # per segment to it and a fixed cost.
         sms = multiprocessor_count(device)
         programs = batch * math.ceil(channels / block_d)
         chunks = math.ceil(steps / block_t)
         candidates = [1]
-        while programs * candidates[-1] < 4 * sms and 2 * candidates[-1] <= chunks:
+        while programs * 2 * candidates[-1] <= 4 * sms and 2 * candidates[-1] <= chunks:
             candidates.append(2 * candidates[-1])
         segments = min(
             candidates,
@@ -406,8 +412,10 @@ def _newton_seconds(
     """The cost model's time of one fused Newton call on a plan (see :func:`estimate_seconds`)."""
     programs = batch * math.ceil(channels / block_d) * segments
     lengths = math.ceil(steps / (segments * block_t)) * block_t / 128  # 128-step chunks
-    chain = (lengths * NEWTON_CHUNK_S + (segments - 1) * SEGMENT_LINK_S) * spec.newton_latency
-    share = programs * lengths * NEWTON_SM_CHUNK_S * spec.newton_work * max(block_d, 4) / 4
+    chunk = NEWTON_CHUNK_S * (1.0 if segments == 1 else SEGMENT_CHUNK_FACTOR)
+    sm_chunk = NEWTON_SM_CHUNK_S * (1.0 if segments == 1 else SEGMENT_CHUNK_FACTOR)
+    chain = (lengths * chunk + (segments - 1) * SEGMENT_LINK_S) * spec.newton_latency
+    share = programs * lengths * sm_chunk * spec.newton_work * max(block_d, 4) / 4
     fixed = NEWTON_FIXED_S + (0.0 if segments == 1 else SEGMENTS_FIXED_S)
     # The longer of the two, smoothed where they are close (there both limit a call).
     busy = float((chain**4 + (share / multiprocessors) ** 4) ** 0.25)
@@ -446,7 +454,7 @@ def estimate_seconds(
     ``SEGMENT_LINK_S · newton_latency`` per segment after the first) and the multiprocessors'
     share of every program's chunks (``NEWTON_SM_CHUNK_S · newton_work · max(block_d, 4) / 4``
     each per 128 steps; the last two smoothed where they are close), plus ``NEWTON_FIXED_S``
-    (and ``SEGMENTS_FIXED_S`` with segments).
+    (with segments: chunks ``SEGMENT_CHUNK_FACTOR`` times as long, and ``SEGMENTS_FIXED_S``).
     """
     size = dtype.itemsize
     floor = (len(spec.gates) + spec.k) * batch * steps * channels * size / HBM_BYTES_PER_S
@@ -476,18 +484,6 @@ def choose_method(
     return "newton" if estimate["newton"] <= estimate["sequential"] else "sequential"
 
 
-def _segment_guess(
-    spec: CellSpec, u: Tensor, rows: Tensor, starts_t: Tensor, channels: int, step_guess: bool
-) -> Tensor:
-    """Start states ``[S-1, B, D(, k)]`` of segments 1..: the initial guess one step before."""
-    batch = u.shape[0]
-    empty = spec.empty_state((starts_t.numel(), batch), channels, u.device, torch.float32)
-    if not step_guess:
-        return empty
-    before = u[:, starts_t - 1].float().transpose(0, 1)  # [S-1, B, G·D]
-    return spec.step(empty, before, rows.float())
-
-
 def newton(
     spec: CellSpec,
     u: Tensor,
@@ -503,7 +499,8 @@ def newton(
     """Chunked fused Newton for any cell (the public wrappers document the arguments).
 
     With segments, one launch does everything on the device: every segment runs from a guessed
-    start state (:func:`_segment_guess`), then each segment after the first waits for the
+    start state (the initial guess one step before it), then each segment after the first waits
+    for the
     previous one's final end state and walks its chunks again from it until a chunk's start
     state is within ``tol`` of the one its states were solved from (the kernel modules'
     section "time segments chained on the device"). Nothing is read back to the host, so
@@ -523,32 +520,28 @@ def newton(
     segments = math.ceil(steps / seg_len)
     hist_len = triton_next_power_of_2(max_iters + 2)
 
-    # Host-side work is a large share of a call at moderate sizes: as few tensor ops as the
-    # single-segment case needs (its start state is h0 itself, read only).
+    # Host-side work is a large share of a call at moderate sizes: as few tensor ops as can be
+    # (h0 is read as it is; later segments compute their start guesses on the device).
     tail = spec.state_tail(channels)
-    start0 = spec.empty_state((batch,), channels, dev, torch.float32) if h0 is None else h0.float()
+    start = spec.empty_state((batch,), channels, dev, torch.float32) if h0 is None else h0
+    start = start.contiguous()
     # Maxima over every program, written by the kernels' atomics: entry k the residual before
     # update k, entry hist_len - 1 the largest a chunk stopped at, then the most updates any
     # chunk ran.
     stats = torch.zeros(hist_len + 1, device=dev, dtype=torch.float32)
     if segments == 1:
-        starts = start0.unsqueeze(0).contiguous()
-        chunk_starts = sync = stats  # neither is touched with one segment
+        ends = chunk_starts = sync = stats  # none is touched with one segment
     else:
-        starts = torch.empty(segments, batch, *tail, device=dev, dtype=torch.float32)
-        starts[0] = start0
-        seg_t = torch.arange(1, segments, device=dev) * seg_len
-        starts[1:] = _segment_guess(spec, u, rows, seg_t, channels, initial_guess == "step")
+        ends = torch.empty(segments, batch, *tail, device=dev, dtype=torch.float32)
         n_chunks = math.ceil(steps / plan.block_t)
         chunk_starts = torch.empty(batch, n_chunks, *tail, device=dev, dtype=torch.float32)
         # The ticket counter, then one flag per program.
         sync = torch.zeros(1 + segments * batch * n_d, device=dev, dtype=torch.int32)
     out = torch.empty(batch, steps, *tail, device=dev, dtype=u.dtype)
-    ends = torch.empty_like(starts)
     _kernel(spec, "newton")[(n_d, batch, segments)](
         u,
         rows,
-        starts,
+        start,
         out,
         ends,
         chunk_starts,

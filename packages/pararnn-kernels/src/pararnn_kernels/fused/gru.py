@@ -31,6 +31,7 @@ from ._layer import (
     HBM_BYTES_PER_S,
     NEWTON_CHUNK_S,
     NEWTON_SM_CHUNK_S,
+    SEGMENT_CHUNK_FACTOR,
     SEGMENT_LINK_S,
     SEGMENTS_FIXED_S,
     SEQUENTIAL_STEP_S,
@@ -53,6 +54,7 @@ __all__ = [
     "NEWTON_CHUNK_S",
     "NEWTON_SM_CHUNK_S",
     "SEGMENTS_FIXED_S",
+    "SEGMENT_CHUNK_FACTOR",
     "SEGMENT_LINK_S",
     "SEQUENTIAL_STEP_S",
     "FusedNewtonResult",
@@ -114,10 +116,12 @@ def plan_fused_gru(
     Tiles: 128 steps x 4 channels, 2 warps (64 x 8 when ``B·D >= 2^15``), the fastest measured.
     Segments: a program walks its chunks one after the other, so when the ``B · ceil(D /
     block_d)`` programs give fewer than four per multiprocessor, time may be split into a
-    power-of-two number of segments, up to the smallest that gives four (each segment at least
-    one chunk). Each segment after the first adds a link to the chain (its correcting walk from
-    the previous segment's end state, :data:`SEGMENT_LINK_S`) and the split a fixed cost
-    (:data:`SEGMENTS_FIXED_S`), so the count is the one of the fastest cost-model estimate
+    power-of-two number of segments, up to the largest that gives at most four (more than can
+    be resident at once run in turns; each segment at least one chunk). Each segment after the
+    first adds a link to the chain (its correcting walk from the previous segment's end state,
+    :data:`SEGMENT_LINK_S`), and the split makes chunks slower
+    (:data:`SEGMENT_CHUNK_FACTOR`) and adds a fixed cost (:data:`SEGMENTS_FIXED_S`), so the
+    count is the one of the fastest cost-model estimate
     (:func:`estimate_fused_gru_seconds`), the fewest on a tie. The block cells
     (:func:`~pararnn_kernels.fused.plan_fused_lstm`,
     :func:`~pararnn_kernels.fused.plan_fused_slstm`) use the same rules with their own default
