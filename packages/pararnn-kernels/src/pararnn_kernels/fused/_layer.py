@@ -341,7 +341,7 @@ def _stacked(weights: Sequence[Tensor]) -> Tensor:
 # CellSpec's sequential_bw_share of the copy bandwidth when B·D fills the GPU. Against the 115
 # Newton times of 2026-12-06 (every cell; T = 256-65536, B = 1-64; every plan and segment count
 # timed) the unsegmented estimates were 0.72-1.35x, median 1.01. The segment constants are
-# fitted to 90 CUDA-graph times of the chained kernels (2026-12-06: every cell, B·D = 64-4096,
+# fitted to 108 CUDA-graph times of the chained kernels (2026-12-06: every cell, B·D = 64-2048,
 # T = 4096-65536, 1-32 segments; estimates 0.48-1.49x, log-rms 0.15); the planned segment
 # counts ran within 1.10x of the fastest count timed at each of the 18 shapes.
 NEWTON_CHUNK_S: Final = 2.9e-6
