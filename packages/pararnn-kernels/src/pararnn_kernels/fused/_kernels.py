@@ -247,7 +247,7 @@ def gru_newton_kernel(
         tl.store(out_ptr + offs_out, states.to(out_ptr.dtype.element_ty), mask=mask)
         h = _pick_row(states, rows, tl.minimum(c0 + BLOCK_T, t_end) - 1 - c0)
 
-    if CHAINED:  # noqa: SIM102 (compiled in or out; the test below runs)
+    if CHAINED:
         if seg > 0:
             # Correct the segment from the previous one's final end state, chunk by chunk,
             # until a chunk's start state is within tol of the one its states were solved from
@@ -278,7 +278,6 @@ def gru_newton_kernel(
             hist = tl.where(slots == HIST - 1, tl.maximum(hist, gap), hist)
             # Walked to the end: the segment's end state moved with it.
             h = tl.where(c0 >= t_end, h_in, h)
-    if CHAINED:
         tl.store(end_ptr + seg_slot, h, mask=mask_d)
         _publish_segment(sync_ptr, pid_d, pid_b, seg)
     _publish_stats(stats_ptr, hist, slots, most_iters, HIST)

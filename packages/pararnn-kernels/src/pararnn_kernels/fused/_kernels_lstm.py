@@ -147,6 +147,14 @@ def _lstm_chunk(
 
 
 @triton.jit
+def _store_chunk(out_ptr, offs_out, mask, s_c, s_h, rows, last):
+    """Store a chunk's solved states; its end state ``(c, h)`` (row ``last``)."""
+    tl.store(out_ptr + offs_out, s_c.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_ptr + offs_out + 1, s_h.to(out_ptr.dtype.element_ty), mask=mask)
+    return _pick_row(s_c, rows, last), _pick_row(s_h, rows, last)
+
+
+@triton.jit
 def lstm_newton_kernel(
     u_ptr,
     w_ptr,
@@ -218,13 +226,10 @@ def lstm_newton_kernel(
             hist, slots, tol, omega, MAX_ITERS, HIST,
         )  # fmt: skip
         most_iters = tl.maximum(most_iters, k)
-        tl.store(out_ptr + offs_out, s_c.to(out_ptr.dtype.element_ty), mask=mask)
-        tl.store(out_ptr + offs_out + 1, s_h.to(out_ptr.dtype.element_ty), mask=mask)
         last = tl.minimum(c0 + BLOCK_T, t_end) - 1 - c0
-        c = _pick_row(s_c, rows, last)
-        h = _pick_row(s_h, rows, last)
+        c, h = _store_chunk(out_ptr, offs_out, mask, s_c, s_h, rows, last)
 
-    if CHAINED:  # noqa: SIM102 (compiled in or out; the test below runs)
+    if CHAINED:
         if seg > 0:
             # The segment's correcting walk (as in gru_newton_kernel).
             tl.debug_barrier()
@@ -252,11 +257,8 @@ def lstm_newton_kernel(
                     rows, before, hist, slots, tol, omega, MAX_ITERS, HIST,
                 )  # fmt: skip
                 most_iters = tl.maximum(most_iters, k)
-                tl.store(out_ptr + offs_out, s_c.to(out_ptr.dtype.element_ty), mask=mask)
-                tl.store(out_ptr + offs_out + 1, s_h.to(out_ptr.dtype.element_ty), mask=mask)
                 last = tl.minimum(c0 + BLOCK_T, t_end) - 1 - c0
-                c_in = _pick_row(s_c, rows, last)
-                h_in = _pick_row(s_h, rows, last)
+                c_in, h_in = _store_chunk(out_ptr, offs_out, mask, s_c, s_h, rows, last)
                 c0 += BLOCK_T
                 slot = ((chunk_base + c0 // BLOCK_T) * D + offs_d) * 2
                 live = c0 < t_end
@@ -267,7 +269,6 @@ def lstm_newton_kernel(
             hist = tl.where(slots == HIST - 1, tl.maximum(hist, gap), hist)
             c = tl.where(c0 >= t_end, c_in, c)
             h = tl.where(c0 >= t_end, h_in, h)
-    if CHAINED:
         tl.store(end_ptr + seg_slot * 2, c, mask=mask_d)
         tl.store(end_ptr + seg_slot * 2 + 1, h, mask=mask_d)
         _publish_segment(sync_ptr, pid_d, pid_b, seg)

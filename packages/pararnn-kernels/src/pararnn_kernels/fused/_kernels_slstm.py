@@ -220,6 +220,15 @@ def _chunk_start_mismatch(chunk_ptr, slot, c, ell, h, mask_d, live):
 
 
 @triton.jit
+def _store_chunk(out_ptr, offs_out, mask, s_c, s_l, s_h, rows, last):
+    """Store a chunk's solved states; its end state ``(c, ℓ, h)`` (row ``last``)."""
+    tl.store(out_ptr + offs_out, s_c.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_ptr + offs_out + 1, s_l.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_ptr + offs_out + 2, s_h.to(out_ptr.dtype.element_ty), mask=mask)
+    return _pick_row(s_c, rows, last), _pick_row(s_l, rows, last), _pick_row(s_h, rows, last)
+
+
+@triton.jit
 def slstm_newton_kernel(
     u_ptr,
     w_ptr,
@@ -294,15 +303,10 @@ def slstm_newton_kernel(
             before, hist, slots, tol, omega, MAX_ITERS, HIST,
         )  # fmt: skip
         most_iters = tl.maximum(most_iters, k)
-        tl.store(out_ptr + offs_out, s_c.to(out_ptr.dtype.element_ty), mask=mask)
-        tl.store(out_ptr + offs_out + 1, s_l.to(out_ptr.dtype.element_ty), mask=mask)
-        tl.store(out_ptr + offs_out + 2, s_h.to(out_ptr.dtype.element_ty), mask=mask)
         last = tl.minimum(c0 + BLOCK_T, t_end) - 1 - c0
-        c = _pick_row(s_c, rows, last)
-        ell = _pick_row(s_l, rows, last)
-        h = _pick_row(s_h, rows, last)
+        c, ell, h = _store_chunk(out_ptr, offs_out, mask, s_c, s_l, s_h, rows, last)
 
-    if CHAINED:  # noqa: SIM102 (compiled in or out; the test below runs)
+    if CHAINED:
         if seg > 0:
             # The segment's correcting walk (as in gru_newton_kernel).
             tl.debug_barrier()
@@ -330,13 +334,8 @@ def slstm_newton_kernel(
                     mask, valid, rows, before, hist, slots, tol, omega, MAX_ITERS, HIST,
                 )  # fmt: skip
                 most_iters = tl.maximum(most_iters, k)
-                tl.store(out_ptr + offs_out, s_c.to(out_ptr.dtype.element_ty), mask=mask)
-                tl.store(out_ptr + offs_out + 1, s_l.to(out_ptr.dtype.element_ty), mask=mask)
-                tl.store(out_ptr + offs_out + 2, s_h.to(out_ptr.dtype.element_ty), mask=mask)
                 last = tl.minimum(c0 + BLOCK_T, t_end) - 1 - c0
-                c_in = _pick_row(s_c, rows, last)
-                l_in = _pick_row(s_l, rows, last)
-                h_in = _pick_row(s_h, rows, last)
+                c_in, l_in, h_in = _store_chunk(out_ptr, offs_out, mask, s_c, s_l, s_h, rows, last)
                 c0 += BLOCK_T
                 slot = ((chunk_base + c0 // BLOCK_T) * D + offs_d) * 3
                 gap = _chunk_start_mismatch(chunk_ptr, slot, c_in, l_in, h_in, mask_d, c0 < t_end)
@@ -344,7 +343,6 @@ def slstm_newton_kernel(
             c = tl.where(c0 >= t_end, c_in, c)
             ell = tl.where(c0 >= t_end, l_in, ell)
             h = tl.where(c0 >= t_end, h_in, h)
-    if CHAINED:
         tl.store(end_ptr + seg_slot * 3, c, mask=mask_d)
         tl.store(end_ptr + seg_slot * 3 + 1, ell, mask=mask_d)
         tl.store(end_ptr + seg_slot * 3 + 2, h, mask=mask_d)
