@@ -498,13 +498,12 @@ def newton(
 ) -> FusedNewtonResult:
     """Chunked fused Newton for any cell (the public wrappers document the arguments).
 
-    With segments, one launch does everything on the device: every segment runs from a guessed
-    start state (the initial guess one step before it), then each segment after the first waits
-    for the
-    previous one's final end state and walks its chunks again from it until a chunk's start
-    state is within ``tol`` of the one its states were solved from (the kernel modules'
-    section "time segments chained on the device"). Nothing is read back to the host, so
-    segments capture in CUDA graphs too.
+    With segments, one launch does everything on the device: every segment after the first
+    runs from a guessed start state (the initial guess one step before it, computed by its
+    programs), then waits for the previous segment's final end state and walks its chunks again
+    from it until a chunk's start state is within ``tol`` of the one its states were solved
+    from (the kernel modules' section "time segments chained on the device"). Nothing is read
+    back to the host, so segments capture in CUDA graphs too.
     """
     batch, steps, channels = check_layer(spec, u, weights, h0)
     if not isinstance(max_iters, int) or max_iters < 1:
