@@ -377,25 +377,38 @@ def plan_fused(
     block_t = block_t or (spec.wide_block_t if wide else spec.block_t)
     block_d = block_d or min(8 if wide else spec.block_d, triton_next_power_of_2(channels))
     if segments is None:
-        # The fewest segments of the fastest estimate, powers of two while there are at most
-        # four programs per multiprocessor (more than can be resident at once serialise) and a
-        # chunk per segment: segments shorten each program's chain of chunks, but add a link
-        # per segment to it and a fixed cost.
         sms = multiprocessor_count(device)
-        programs = batch * math.ceil(channels / block_d)
-        chunks = math.ceil(steps / block_t)
-        candidates = [1]
-        while programs * 2 * candidates[-1] <= 4 * sms and 2 * candidates[-1] <= chunks:
-            candidates.append(2 * candidates[-1])
-        segments = min(
-            candidates,
-            key=lambda s: _newton_seconds(
-                spec, batch, steps, channels, block_t, block_d, s, sms, 0.0
-            ),
-        )
+        segments = _segment_count(spec, batch, steps, channels, block_t, block_d, sms)
     if segments < 1:
         raise ValueError(f"segments must be >= 1, got {segments}")
     return FusedPlan(block_t, block_d, segments, num_warps or (2 if wide else spec.num_warps))
+
+
+@functools.lru_cache(maxsize=4096)
+def _segment_count(
+    spec: CellSpec,
+    batch: int,
+    steps: int,
+    channels: int,
+    block_t: int,
+    block_d: int,
+    multiprocessors: int,
+) -> int:
+    """The fewest segments of the fastest estimate, powers of two while there are at most four
+    programs per multiprocessor (more than can be resident at once serialise) and a chunk per
+    segment: segments shorten each program's chain of chunks, but add a link per segment to it
+    and a fixed cost. Cached: every call without a plan asks, and a layer's shapes repeat."""
+    programs = batch * math.ceil(channels / block_d)
+    chunks = math.ceil(steps / block_t)
+    candidates = [1]
+    while programs * 2 * candidates[-1] <= 4 * multiprocessors and 2 * candidates[-1] <= chunks:
+        candidates.append(2 * candidates[-1])
+    return min(
+        candidates,
+        key=lambda s: _newton_seconds(
+            spec, batch, steps, channels, block_t, block_d, s, multiprocessors, 0.0
+        ),
+    )
 
 
 def _newton_seconds(
