@@ -425,10 +425,11 @@ def _newton_seconds(
     """The cost model's time of one fused Newton call on a plan (see :func:`estimate_seconds`)."""
     programs = batch * math.ceil(channels / block_d) * segments
     lengths = math.ceil(steps / (segments * block_t)) * block_t / 128  # 128-step chunks
-    chunk = NEWTON_CHUNK_S * (1.0 if segments == 1 else SEGMENT_CHUNK_FACTOR)
-    sm_chunk = NEWTON_SM_CHUNK_S * (1.0 if segments == 1 else SEGMENT_CHUNK_FACTOR)
-    chain = (lengths * chunk + (segments - 1) * SEGMENT_LINK_S) * spec.newton_latency
-    share = programs * lengths * sm_chunk * spec.newton_work * max(block_d, 4) / 4
+    slower = 1.0 if segments == 1 else SEGMENT_CHUNK_FACTOR  # the chained kernel's chunks
+    chain = (
+        lengths * NEWTON_CHUNK_S * slower + (segments - 1) * SEGMENT_LINK_S
+    ) * spec.newton_latency
+    share = programs * lengths * NEWTON_SM_CHUNK_S * slower * spec.newton_work * max(block_d, 4) / 4
     fixed = NEWTON_FIXED_S + (0.0 if segments == 1 else SEGMENTS_FIXED_S)
     # The longer of the two, smoothed where they are close (there both limit a call).
     busy = float((chain**4 + (share / multiprocessors) ** 4) ** 0.25)
