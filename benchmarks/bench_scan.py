@@ -31,7 +31,7 @@ import triton.testing
 from pararnn_kernels.scan import launch
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-METHODS = ("chunked", "lookback", "tiles", "twopass")
+METHODS = ("chunked", "lookback", "tiles", "twopass", "streamed")
 
 
 def median_ms(fn: Any) -> float:
@@ -94,7 +94,10 @@ def run_grid(
             for reverse in (False, True):
                 for method in ("plan", *args.grid_methods):
                     kw = {} if method == "plan" else {"method": method}
-                    plan = launch.plan_scan_diag(b, t, d, device, dtype=jac.dtype, **kw)
+                    try:
+                        plan = launch.plan_scan_diag(b, t, d, device, dtype=jac.dtype, **kw)
+                    except ValueError:  # a method this shape cannot take (streamed, unaligned)
+                        continue
                     fn = functools.partial(
                         launch.triton_scan_diag, jac, rhs, None, reverse=reverse, **kw
                     )
@@ -222,6 +225,17 @@ CHUNKED_VARIANTS = [
 ]
 
 
+# (block_t, block_d, num_warps, stages) of the streamed pass (TMA, compute capability >= 9.0).
+STREAMED_VARIANTS = [
+    (64, 32, 1, 4),
+    (32, 32, 1, 4),
+    (64, 32, 1, 6),
+    (128, 32, 1, 3),
+    (64, 64, 2, 4),
+    (32, 16, 1, 8),
+]
+
+
 def sweep_variants(methods: tuple[str, ...]) -> list[dict[str, Any]]:
     """The launch plans ``--sweep`` times for ``methods``, the default plan first."""
     variants: list[dict[str, Any]] = [{}]
@@ -244,6 +258,11 @@ def sweep_variants(methods: tuple[str, ...]) -> list[dict[str, Any]]:
         fields = ("block_t", "rows", "block_d", "num_warps", "window")
         variants += [
             {"method": "twopass", **dict(zip(fields, v, strict=True))} for v in TWOPASS_VARIANTS
+        ]
+    if "streamed" in methods:
+        variants += [
+            {"method": "streamed", "block_t": bt, "block_d": bd, "num_warps": w, "stages": s}
+            for bt, bd, w, s in STREAMED_VARIANTS
         ]
     if "tiles" in methods:
         variants += [

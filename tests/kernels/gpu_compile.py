@@ -82,6 +82,16 @@ class TensorArg:
 
 
 @dataclass(frozen=True)
+class DescriptorArg:
+    """A TMA tensor descriptor argument: its tensor's rank, dtype and address modulo 16 bytes
+    and the block it moves (the binder specializes on the dtype and block only)."""
+
+    tensor: TensorArg
+    rank: int
+    block_shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class Launch:
     """One recorded kernel launch: the kernel (module and name), arguments and keywords."""
 
@@ -95,6 +105,9 @@ class Launch:
         def enc(value: Any) -> Any:
             if isinstance(value, TensorArg):
                 return {"tensor": value.dtype, "misalignment": value.misalignment}
+            if isinstance(value, DescriptorArg):
+                return {"descriptor": enc(value.tensor), "rank": value.rank,
+                        "block": list(value.block_shape)}  # fmt: skip
             return value
 
         return {
@@ -108,6 +121,8 @@ class Launch:
     @staticmethod
     def from_json(data: dict[str, Any]) -> Launch:
         def dec(value: Any) -> Any:
+            if isinstance(value, dict) and "descriptor" in value:
+                return DescriptorArg(dec(value["descriptor"]), value["rank"], tuple(value["block"]))
             if isinstance(value, dict):
                 return TensorArg(value["tensor"], value["misalignment"])
             return value
@@ -128,6 +143,8 @@ def _describe(value: Any) -> Any:
         return TensorArg(str(value.dtype).removeprefix("torch."), value.data_ptr() % 16)
     if value is None or isinstance(value, bool | int | float | str):
         return value
+    if type(value).__name__ == "TensorDescriptor":
+        return DescriptorArg(_describe(value.base), len(value.shape), tuple(value.block_shape))
     raise TypeError(f"cannot record a kernel argument of type {type(value).__name__}")
 
 
@@ -207,8 +224,8 @@ def _scan_diag_launches(rec: _Recorder) -> None:
     cpu = torch.device("cpu")
     for dtype in (torch.float32, torch.bfloat16):
         default = launch.plan_scan_diag(2, 1024, 128, cpu, dtype=dtype).method
-        for method in ("tiles", "lookback", "chunked", "twopass"):
-            cases = SCAN_CASES if method == default else SCAN_CASES_H0
+        for method in ("tiles", "lookback", "chunked", "twopass", "streamed"):
+            cases = SCAN_CASES if method in (default, "streamed") else SCAN_CASES_H0
             run(dtype, cases, (2, 1024, 128), method=method)
         # The default plan at T and D that are not multiples of 16, in one channel block: no
         # divisibility hints, n_cols_d folded to 1 (the adjoint, the larger program).
@@ -363,6 +380,7 @@ def _triton_parts() -> dict[str, Any]:
         from triton.backends.compiler import GPUTarget
         from triton.compiler import ASTSource, make_backend
         from triton.runtime.jit import JITFunction, MockTensor, create_function_from_signature
+        from triton.tools.tensor_descriptor import TensorDescriptor
     except ImportError as err:
         raise CompileUnavailable(f"triton cannot be imported for compilation: {err}") from err
     try:
@@ -385,6 +403,7 @@ def _triton_parts() -> dict[str, Any]:
         "JITFunction": JITFunction,
         "MockTensor": MockTensor,
         "binder": create_function_from_signature,
+        "TensorDescriptor": TensorDescriptor,
     }
 
 
@@ -415,8 +434,19 @@ def specialize(launch: Launch, kernel: Any, parts: dict[str, Any]) -> Specialize
         def data_ptr(self) -> int:
             return self._address
 
-    args = [_Tensor(a) if isinstance(a, TensorArg) else a for a in launch.args]
-    kwargs = {k: _Tensor(v) if isinstance(v, TensorArg) else v for k, v in launch.kwargs}
+    def real(value: Any) -> Any:
+        if isinstance(value, TensorArg):
+            return _Tensor(value)
+        if isinstance(value, DescriptorArg):
+            # Shape and strides are runtime values of a descriptor; any consistent ones do.
+            shape = [16] * value.rank
+            strides = [16 ** (value.rank - 1 - i) for i in range(value.rank)]
+            descriptor = parts["TensorDescriptor"]
+            return descriptor(_Tensor(value.tensor), shape, strides, list(value.block_shape))
+        return value
+
+    args = [real(a) for a in launch.args]
+    kwargs = {k: real(v) for k, v in launch.kwargs}
     # As JITFunction.run fills them in before binding.
     knobs = parts["knobs"]
     kwargs["debug"] = kwargs.get("debug", kernel.debug) or knobs.runtime.debug

@@ -3,6 +3,8 @@ against a float64 sequential loop (and autograd through it)."""
 
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
 import torch
 from torch import Tensor
@@ -372,6 +374,104 @@ def test_low_precision_look_back_tiles(
         assert_close(gh, ref_gh, tol=GRAD_TOL[dtype], name=f"grad h0 {label}")
 
 
+# The streamed pass (chunks moved by TMA) at interpreter sizes: several chunks and channel
+# blocks (the last one partial), one stage and several; and its default plan.
+PLANS_STREAMED: list[dict[str, object]] = [
+    {"method": "streamed", "block_t": 8, "block_d": 16, "stages": 2},
+    {"method": "streamed", "block_t": 16, "block_d": 8, "stages": 1},
+    {"method": "streamed"},
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+@pytest.mark.parametrize("with_h0", [False, True], ids=["zero-h0", "h0"])
+def test_streamed_pass_matches_the_loop(
+    case: Case, dtype: torch.dtype, reverse: bool, with_h0: bool, poisoned: None
+) -> None:
+    """The streamed pass against the float64 loop, forward and every gradient: chunk edges
+    (T = 1, 17, 63; 4097 on the GPU), a partial channel block, both directions."""
+    if case.backend != "triton":
+        pytest.skip("launch plans belong to the Triton backend")
+    if case.device == "cuda" and not launch._has_tma(torch.device("cuda")):
+        pytest.skip("the streamed pass needs compute capability >= 9.0")
+    batch, channels = (2, 24) if case.small else (3, 200)
+    for steps in [1, 17, 63] if case.small else [1, 17, 1000, 4097]:
+        jac, rhs, h0 = make_inputs(
+            batch, steps, channels, dtype=dtype, device=case.device, with_h0=with_h0
+        )
+        grad_y = torch.randn(batch, steps, channels, device=case.device).to(dtype)
+        ref_y, ref_gj, ref_gr, ref_gh = sequential_with_grads(jac, rhs, h0, grad_y, reverse)
+        for plan in PLANS_STREAMED:
+            label = f"{dtype} T={steps} " + " ".join(f"{k}={v}" for k, v in plan.items())
+            y = launch.triton_scan_diag(jac, rhs, h0, reverse=reverse, **plan)
+            assert y.dtype == dtype
+            assert_close(y, ref_y, tol=FORWARD_TOL[dtype], name=f"y {label}")
+            gj, gr, gh = launch.triton_scan_diag_backward(
+                jac, y, h0, grad_y, reverse=reverse, **plan
+            )
+            assert_close(gj, ref_gj, tol=GRAD_TOL[dtype], name=f"grad jac {label}")
+            assert_close(gr, ref_gr, tol=GRAD_TOL[dtype], name=f"grad rhs {label}")
+            if ref_gh is not None:
+                assert_close(gh, ref_gh, tol=GRAD_TOL[dtype], name=f"grad h0 {label}")
+
+
+def test_streamed_pass_needs_aligned_rows() -> None:
+    """TMA needs every row to start 16-byte aligned: 5 fp32 channels are 20 bytes a row."""
+    cpu = torch.device("cpu")
+    with pytest.raises(ValueError, match="channels = 5"):
+        launch.plan_scan_diag(2, 64, 5, cpu, method="streamed")
+    plan = launch.plan_scan_diag(2, 64, 24, cpu, dtype=torch.bfloat16, method="streamed")
+    assert (plan.method, plan.block_t, plan.block_d, plan.stages) == ("streamed", 64, 32, 4)
+    # A TMA box is at least 16 bytes along the channels: 8 bf16 channels, 4 fp32 ones.
+    with pytest.raises(
+        ValueError, match=r"at least 16 bytes \(8 channels of torch.bfloat16\), got 4"
+    ):
+        launch.plan_scan_diag(2, 64, 24, cpu, dtype=torch.bfloat16, method="streamed", block_d=4)
+    with pytest.raises(ValueError, match="stages must be >= 1"):
+        launch.plan_scan_diag(2, 64, 12, cpu, method="streamed", stages=-1)
+
+
+@needs_interpreter
+def test_streamed_pass_takes_the_chunked_pass_at_misaligned_addresses(poisoned: None) -> None:
+    """A tensor whose storage starts 4 bytes past a 16-byte boundary cannot be described to the
+    TMA: the streamed plan runs the chunked pass instead, with the same results."""
+    batch, steps, channels = 2, 17, 12
+    jac, rhs, h0 = make_inputs(
+        batch, steps, channels, dtype=torch.float32, device="cpu", with_h0=True
+    )
+    shifted = torch.empty(jac.numel() + 1)[1:].view_as(jac).copy_(jac)
+    assert shifted.data_ptr() % 16 != 0
+    ref_y = reference_scan_diag(jac.double(), rhs.double(), h0.double() if h0 is not None else None)
+    with mock.patch.object(
+        launch, "_launch_diag_chunked", wraps=launch._launch_diag_chunked
+    ) as chunked:
+        y = launch.triton_scan_diag(shifted, rhs, h0, reverse=False, method="streamed")
+    assert chunked.call_count == 1
+    assert_close(y, ref_y, tol=FORWARD_TOL[torch.float32], name="y")
+
+
+def test_streamed_pass_is_opt_in_and_needs_the_tma() -> None:
+    """No default plan takes the streamed pass (it waits for an H200 sweep); asked for on a
+    card without the TMA (compute capability < 9.0) it is a clear error."""
+    bf16 = torch.bfloat16
+    for batch, channels in [(4, 96), (32, 512), (8, 1536), (64, 1024)]:
+        for capability in [None, (9, 0)]:
+            for adjoint in (False, True):
+                plan = launch._build_plan(
+                    batch, channels, 132, capability, bf16, adjoint, None, None, None, None,
+                    None, 1, None, None, None, None,
+                )  # fmt: skip
+                assert plan.method != "streamed", (batch, channels, capability)
+    with pytest.raises(
+        ValueError, match=r"compute capability >= 9\.0.*has compute capability 8\.0"
+    ):
+        launch._build_plan(
+            4, 96, 108, (8, 0), bf16, False, "streamed", None, None, None, None, 1, None, None,
+            None, None,
+        )  # fmt: skip
+
+
 def test_noncontiguous_inputs_and_expanded_gradients(case: Case, poisoned: None) -> None:
     batch, channels = sizes(case)
     steps = 17
@@ -474,9 +574,11 @@ def test_long_sequences_on_gpu(
 
 @pytest.mark.cuda
 @needs_cuda
-@pytest.mark.parametrize("method", ["chunked", "lookback", "tiles", "twopass"])
+@pytest.mark.parametrize("method", ["chunked", "lookback", "tiles", "twopass", "streamed"])
 def test_gpu_results_are_bitwise_repeatable(method: str) -> None:
     """The look-back scan's tiles race to publish: any ordering bug shows as a moving result."""
+    if method == "streamed" and not launch._has_tma(torch.device("cuda")):
+        pytest.skip("the streamed pass needs compute capability >= 9.0")
     jac, rhs, h0 = make_inputs(2, 2**17 + 3, 96, dtype=torch.float32, device="cuda", with_h0=True)
     grad_y = torch.randn_like(rhs)
     first = launch.triton_scan_diag(jac, rhs, h0, reverse=False, method=method)

@@ -1,7 +1,7 @@
 """Typed launchers of the Triton scan kernels, and the launch plan that picks among them.
 
-The diagonal scan has four launch shapes; :func:`plan_scan_diag` picks one from the number of
-channels, the storage dtype and the direction:
+The diagonal scan has five launch shapes; :func:`plan_scan_diag` picks one of the first four
+from the number of channels, the storage dtype and the direction (the fifth is asked for):
 
 * ``"chunked"`` -- one program per (batch, block of channels) walks the whole sequence, each
   thread scanning whole columns sequentially; the fastest wherever B·D alone fills the GPU.
@@ -18,6 +18,10 @@ channels, the storage dtype and the direction:
   twice (5 streams instead of 3, so at most 60 % of the copy bandwidth by this page's measure),
   but its chain of tiles is short: the one that wins with very few channels, where the one-pass
   tiles wait on their chain.
+* ``"streamed"`` -- the chunked walk with its chunks moved by the tensor memory accelerator
+  (TMA; compute capability >= 9.0), several chunks in flight per program in shared memory: the
+  narrow programs (32 channels) that fill the GPU where 64-channel ones are too few still keep
+  enough bytes moving. Opt-in (``method="streamed"``) until an H200 sweep says where it wins.
 
 The kernels are imported on first use, so importing this module needs no GPU and compiles nothing.
 """
@@ -32,8 +36,8 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from .._launch import launchable
-from ..dispatch import multiprocessor_count
+from .._launch import launchable, plain_eager
+from ..dispatch import device_capability, multiprocessor_count
 
 __all__ = [
     "ALIGNED_CHANNELS",
@@ -51,7 +55,7 @@ __all__ = [
     "triton_scan_diag_backward",
 ]
 
-ScanMethod = Literal["chunked", "lookback", "tiles", "twopass"]
+ScanMethod = Literal["chunked", "lookback", "tiles", "twopass", "streamed"]
 
 #: Predecessors a look-back round trip looks at, at most (a walk over k unfinished tiles costs
 #: about k / window round trips instead of k); one atomic reads the states of 16 tiles. The
@@ -76,6 +80,10 @@ ALIGNED_CHANNELS = 16
 #: 256 it lost to them (H200, 2026-12-03, docs/benchmarks.md).
 CHUNKED_WAVES = 3
 _CHUNKED_BLOCK_D = 64
+_STREAMED_BLOCK_D = 32
+#: Bytes every stride but the last of a TMA descriptor must be a multiple of (and the address).
+_TMA_ALIGNMENT = 16
+_TMA_CAPABILITY = (9, 0)
 # Tiles whose two state bits share one int32 word in the look-back kernels (the kernels' `16`).
 _TILES_PER_WORD = 16
 
@@ -118,6 +126,8 @@ class DiagScanPlan:
         rescan: ``"lookback"`` only: hold the tile's inputs in their storage dtype while the
             tile looks back, and scan them again from the incoming state (instead of holding
             the float32 scan): half the registers per element for 2-byte storage.
+        stages: ``"streamed"`` only: chunks in flight per program (shared-memory buffers of
+            Triton's pipelined loop); 1 for the other methods.
     """
 
     method: ScanMethod
@@ -129,6 +139,7 @@ class DiagScanPlan:
     window: int = 1
     vec: int = 2
     rescan: bool = False
+    stages: int = 1
 
 
 def plan_scan_diag(
@@ -148,6 +159,7 @@ def plan_scan_diag(
     window: int | None = None,
     vec: int | None = None,
     rescan: bool | None = None,
+    stages: int | None = None,
 ) -> DiagScanPlan:
     """Launch plan for a ``[batch, steps, channels]`` diagonal scan; arguments override the model.
 
@@ -175,6 +187,11 @@ def plan_scan_diag(
       take 32 x 128 tiles, 32 steps per thread, two warps, window 4, without (60-69 % adjoint,
       where rescan gave 53-60 %; fp16 spills with rescan: the compiler merges the two
       conversions of its inputs).
+    * ``method="streamed"`` only when asked for (module docstring): 64-step chunks x 32 channels,
+      one warp, 4 ``stages``. It needs compute capability >= 9.0 and rows of a multiple of 16
+      bytes (``channels`` times the element size), or it raises ``ValueError``; at call time, a
+      traced call (``torch.compile``, fake tensors) or a tensor at an address that is not
+      16-byte aligned runs the chunked pass instead.
 
     ``steps`` is part of the signature for the model; no choice depends on it yet (nor does the
     cache key, so sequences of every length share a plan). ``device`` gives the multiprocessor
@@ -185,15 +202,23 @@ def plan_scan_diag(
     """
     build = _plan if type(batch) is int and type(channels) is int else _build_plan
     return build(
-        batch, channels, multiprocessor_count(device), dtype, adjoint, method, block_t,
-        block_d, num_warps, rows, inclusive_every, window, vec, rescan,
+        batch, channels, multiprocessor_count(device), device_capability(device), dtype,
+        adjoint, method, block_t, block_d, num_warps, rows, inclusive_every, window, vec, rescan,
+        stages,
     )  # fmt: skip
+
+
+def _has_tma(device: torch.device) -> bool:
+    """Whether the device has the tensor memory accelerator (compute capability >= 9.0)."""
+    capability = device_capability(device)
+    return capability is not None and capability >= _TMA_CAPABILITY
 
 
 def _build_plan(
     batch: int,
     channels: int,
     multiprocessors: int,
+    capability: tuple[int, int] | None,
     dtype: torch.dtype,
     adjoint: bool,
     method: ScanMethod | None,
@@ -205,6 +230,7 @@ def _build_plan(
     window: int | None,
     vec: int | None,
     rescan: bool | None,
+    stages: int | None,
 ) -> DiagScanPlan:
     element_size = dtype.itemsize
     if method is None:
@@ -252,6 +278,30 @@ def _build_plan(
             "lookback", block_t, block_d, num_warps or warps, rows, inclusive_every, window,
             _vec(vec, block_d, 2), tile.rescan if rescan is None else rescan,
         )  # fmt: skip
+    if method == "streamed":
+        if capability is not None and capability < _TMA_CAPABILITY:
+            raise ValueError(
+                "method='streamed' needs the tensor memory accelerator (compute capability >= "
+                f"9.0), but the device has compute capability {capability[0]}.{capability[1]}"
+            )
+        if channels * element_size % _TMA_ALIGNMENT:
+            raise ValueError(
+                f"method='streamed' needs rows of a multiple of {_TMA_ALIGNMENT} bytes (TMA): "
+                f"channels * {element_size} bytes must divide by {_TMA_ALIGNMENT}, got "
+                f"channels = {channels}"
+            )
+        _checked_window(1 if window is None else window)
+        block_t = _checked_tile(block_t or 64, 1)
+        block_d = block_d or min(_STREAMED_BLOCK_D, triton_next_power_of_2(channels))
+        if block_d * element_size < _TMA_ALIGNMENT or block_d & (block_d - 1):
+            raise ValueError(
+                f"method='streamed' needs block_d a power of two of at least {_TMA_ALIGNMENT} "
+                f"bytes ({_TMA_ALIGNMENT // element_size} channels of {dtype}), got {block_d}"
+            )
+        stages = stages or 4
+        if stages < 1:
+            raise ValueError(f"stages must be >= 1, got {stages}")
+        return DiagScanPlan("streamed", block_t, block_d, num_warps or 1, stages=stages)
     _checked_window(1 if window is None else window)
     block_d = block_d or min(_CHUNKED_BLOCK_D, triton_next_power_of_2(channels))
     block_t = block_t or (16 if channels % ALIGNED_CHANNELS == 0 else 8)
@@ -392,8 +442,69 @@ def _launch_diag_lookback(
     )
 
 
+def _launch_diag_streamed(
+    jac: Tensor,
+    rhs: Tensor,
+    h0: Tensor | None,
+    out: Tensor,
+    plan: DiagScanPlan,
+    *,
+    reverse: bool,
+    shift: bool,
+    prev: Tensor | None = None,
+    grad_jac: Tensor | None = None,
+) -> None:
+    tensors = [t for t in (jac, rhs, out, prev, grad_jac) if t is not None]
+    if not plain_eager() or any(t.data_ptr() % _TMA_ALIGNMENT for t in tensors):
+        # Descriptors are built on the host per call, for real tensors at 16-byte aligned
+        # addresses: traced calls (torch.compile, fake tensors) and misaligned views take the
+        # chunked pass instead.
+        batch, steps, channels = rhs.shape
+        fallback = plan_scan_diag(
+            batch, steps, channels, rhs.device, dtype=rhs.dtype, method="chunked"
+        )
+        _launch_diag_chunked(
+            jac, rhs, h0, out, fallback, reverse=reverse, shift=shift, prev=prev,
+            grad_jac=grad_jac,
+        )  # fmt: skip
+        return
+    try:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+    except ImportError as err:  # pragma: no cover - every supported Triton has it
+        raise RuntimeError(
+            "method='streamed' needs triton.tools.tensor_descriptor (host TMA descriptors), "
+            "which this Triton does not have"
+        ) from err
+
+    block = [1, plan.block_t, plan.block_d]
+    batch, steps, channels = rhs.shape
+    out_desc = TensorDescriptor.from_tensor(out, block)
+    launchable(_kernels().scan_diag_streamed_kernel)[(math.ceil(channels / plan.block_d), batch)](
+        TensorDescriptor.from_tensor(jac, block),
+        TensorDescriptor.from_tensor(rhs, block),
+        out_desc,
+        TensorDescriptor.from_tensor(prev, block) if prev is not None else out_desc,
+        TensorDescriptor.from_tensor(grad_jac, block) if grad_jac is not None else out_desc,
+        h0 if h0 is not None else out,
+        steps,
+        channels,
+        HAS_H0=h0 is not None,
+        REVERSE=reverse,
+        SHIFT=shift,
+        GRAD_JAC=grad_jac is not None,
+        BLOCK_T=plan.block_t,
+        BLOCK_D=plan.block_d,
+        STAGES=plan.stages,
+        num_warps=plan.num_warps,
+    )
+
+
 def _launcher(plan: DiagScanPlan) -> Any:
-    return _launch_diag_chunked if plan.method == "chunked" else _launch_diag_lookback
+    if plan.method == "chunked":
+        return _launch_diag_chunked
+    if plan.method == "streamed":
+        return _launch_diag_streamed
+    return _launch_diag_lookback
 
 
 def triton_scan_diag(
