@@ -201,17 +201,12 @@ def plan_scan_diag(
     plans are built uncached.
     """
     build = _plan if type(batch) is int and type(channels) is int else _build_plan
+    # Only the streamed pass asks for the capability (the default plans' calls skip the lookup).
+    capability = device_capability(device) if method == "streamed" else None
     return build(
-        batch, channels, multiprocessor_count(device), device_capability(device), dtype,
-        adjoint, method, block_t, block_d, num_warps, rows, inclusive_every, window, vec, rescan,
-        stages,
+        batch, channels, multiprocessor_count(device), capability, dtype, adjoint, method,
+        block_t, block_d, num_warps, rows, inclusive_every, window, vec, rescan, stages,
     )  # fmt: skip
-
-
-def _has_tma(device: torch.device) -> bool:
-    """Whether the device has the tensor memory accelerator (compute capability >= 9.0)."""
-    capability = device_capability(device)
-    return capability is not None and capability >= _TMA_CAPABILITY
 
 
 def _build_plan(
