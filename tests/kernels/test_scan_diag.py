@@ -3,6 +3,7 @@ against a float64 sequential loop (and autograd through it)."""
 
 from __future__ import annotations
 
+from typing import Any
 from unittest import mock
 
 import pytest
@@ -433,22 +434,46 @@ def test_streamed_pass_needs_aligned_rows() -> None:
 
 
 @needs_interpreter
-def test_streamed_pass_takes_the_chunked_pass_at_misaligned_addresses(poisoned: None) -> None:
+def test_streamed_pass_takes_the_default_plan_at_misaligned_addresses(poisoned: None) -> None:
     """A tensor whose storage starts 4 bytes past a 16-byte boundary cannot be described to the
-    TMA: the streamed plan runs the chunked pass instead, with the same results."""
+    TMA: the streamed plan runs the default plan instead (forward and adjoint), with the same
+    results."""
     batch, steps, channels = 2, 17, 12
     jac, rhs, h0 = make_inputs(
         batch, steps, channels, dtype=torch.float32, device="cpu", with_h0=True
     )
+    assert h0 is not None
     shifted = torch.empty(jac.numel() + 1)[1:].view_as(jac).copy_(jac)
     assert shifted.data_ptr() % 16 != 0
-    ref_y = reference_scan_diag(jac.double(), rhs.double(), h0.double() if h0 is not None else None)
-    with mock.patch.object(
-        launch, "_launch_diag_chunked", wraps=launch._launch_diag_chunked
-    ) as chunked:
+    cpu = torch.device("cpu")
+    launched: list[launch.DiagScanPlan] = []
+
+    def record(name: str) -> Any:
+        original = getattr(launch, name)
+
+        def launcher(*args: Any, **kwargs: Any) -> None:
+            launched.append(args[4])
+            original(*args, **kwargs)
+
+        return mock.patch.object(launch, name, launcher)
+
+    with record("_launch_diag_chunked"), record("_launch_diag_lookback"):
         y = launch.triton_scan_diag(shifted, rhs, h0, reverse=False, method="streamed")
-    assert chunked.call_count == 1
+        grad_y = torch.randn_like(y)
+        grad_jac, grad_rhs, _ = launch.triton_scan_diag_backward(
+            shifted, y, h0, grad_y, reverse=False, method="streamed"
+        )
+    assert launched == [
+        launch.plan_scan_diag(batch, steps, channels, cpu),
+        launch.plan_scan_diag(batch, steps, channels, cpu, adjoint=True),
+    ]
+    ref_y = reference_scan_diag(jac.double(), rhs.double(), h0.double())
+    ref_gj, ref_gr, _ = reference_scan_diag_backward(
+        jac.double(), ref_y, h0.double(), grad_y.double(), reverse=False
+    )
     assert_close(y, ref_y, tol=FORWARD_TOL[torch.float32], name="y")
+    assert_close(grad_jac, ref_gj, tol=GRAD_TOL[torch.float32], name="grad jac")
+    assert_close(grad_rhs, ref_gr, tol=GRAD_TOL[torch.float32], name="grad rhs")
 
 
 def test_streamed_pass_is_opt_in_and_needs_the_tma() -> None:

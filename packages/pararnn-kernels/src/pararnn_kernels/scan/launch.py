@@ -191,7 +191,7 @@ def plan_scan_diag(
       one warp, 4 ``stages``. It needs compute capability >= 9.0 and rows of a multiple of 16
       bytes (``channels`` times the element size), or it raises ``ValueError``; at call time, a
       traced call (``torch.compile``, fake tensors) or a tensor at an address that is not
-      16-byte aligned runs the chunked pass instead.
+      16-byte aligned runs the default plan instead.
 
     ``steps`` is part of the signature for the model; no choice depends on it yet (nor does the
     cache key, so sequences of every length share a plan). ``device`` gives the multiprocessor
@@ -453,12 +453,13 @@ def _launch_diag_streamed(
     if not plain_eager() or any(t.data_ptr() % _TMA_ALIGNMENT for t in tensors):
         # Descriptors are built on the host per call, for real tensors at 16-byte aligned
         # addresses: traced calls (torch.compile, fake tensors) and misaligned views take the
-        # chunked pass instead.
+        # default plan instead (the chunked walk alone would leave the GPU idle where B·D is
+        # small). No default plan is streamed, so this does not come back here.
         batch, steps, channels = rhs.shape
         fallback = plan_scan_diag(
-            batch, steps, channels, rhs.device, dtype=rhs.dtype, method="chunked"
+            batch, steps, channels, rhs.device, dtype=rhs.dtype, adjoint=grad_jac is not None
         )
-        _launch_diag_chunked(
+        _launcher(fallback)(
             jac, rhs, h0, out, fallback, reverse=reverse, shift=shift, prev=prev,
             grad_jac=grad_jac,
         )  # fmt: skip
