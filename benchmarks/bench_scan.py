@@ -289,12 +289,13 @@ def run_sweep(
             jac, rhs = random_inputs(b, t, d, DTYPES[dtype_name], device)
             nbytes = 3 * jac.numel() * jac.element_size()
             for kw in sweep_variants(methods):
-                fn = functools.partial(launch.triton_scan_diag, jac, rhs, None, reverse=False, **kw)
                 try:
-                    y = fn()
+                    plan = launch.plan_scan_diag(b, t, d, device, dtype=jac.dtype, **kw)
                 except ValueError as err_plan:  # a variant this shape or dtype cannot take
                     print(f"sweep {dtype_name} B={b} T={t} D={d} {kw}: skipped ({err_plan})")
                     continue
+                fn = functools.partial(launch.triton_scan_diag, jac, rhs, None, reverse=False, **kw)
+                y = fn()
                 err = check(y, jac, rhs, False)
                 ms = median_ms(fn)
                 bw = nbytes / (ms * 1e-3)
@@ -305,7 +306,6 @@ def run_sweep(
                 )
                 ms_bwd = median_ms(bwd)
                 bw_bwd = 5 / 3 * nbytes / (ms_bwd * 1e-3)
-                plan = launch.plan_scan_diag(b, t, d, device, dtype=jac.dtype, **kw)
                 rows.append(
                     {
                         "dtype": dtype_name,
