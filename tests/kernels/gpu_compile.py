@@ -271,13 +271,17 @@ def _fused_launches(rec: _Recorder) -> None:
                 h0 = torch.empty(batch, *spec.state_tail(channels), dtype=dtype)
                 states = torch.empty(batch, steps, *spec.state_tail(channels), dtype=dtype)
                 where = f"{spec.name} {dtype} B={batch} T={steps} D={channels}"
-                # The default plan (one segment: the CPU counts as 4 multiprocessors) from both
-                # initial guesses; 4 segments, chained on the device (bfloat16: these two
-                # only; wide: the default only).
+                # The default plan (one segment: the CPU counts as 4 multiprocessors) from each
+                # initial guess; 4 segments, chained on the device, from one step's guess and
+                # the uncoupled one (bfloat16: the first of these only; wide: the default only).
                 segmented = _layer.plan_fused(spec, batch, steps, channels, u.device, segments=4)
                 runs: list[tuple[_layer.FusedPlan | None, str]] = [(segmented, "step")]
                 if dtype == torch.float32:
-                    runs = [(None, "step"), (None, "initial_state"), *runs]
+                    runs = [
+                        *((None, guess) for guess in ("step", "initial_state", "uncoupled")),
+                        *runs,
+                        (segmented, "uncoupled"),
+                    ]
                 if shape == wide:
                     runs = [(None, "step")]
                 for plan, guess in runs:

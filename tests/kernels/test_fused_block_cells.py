@@ -192,6 +192,35 @@ def test_fused_block_cell_in_interpreter(poisoned, cell, steps, segments, with_h
     )
 
 
+@needs_interpreter
+@pytest.mark.parametrize("cell", CELLS)
+@pytest.mark.parametrize("segments", [1, 3])
+@pytest.mark.parametrize("steps", [1, 17, 63])
+def test_fused_block_cell_uncoupled_guess_in_interpreter(poisoned, cell, steps, segments):
+    u, weights, h0 = cell.layer(2, steps, 5, "cpu")
+    plan = FusedPlan(block_t=16, block_d=4, segments=segments)
+    label = f"{cell.name} uncoupled T={steps} S={segments}"
+    _check_layer(
+        cell, u, weights, h0, plan, F32_TOL, label, backward_block_t=16, initial_guess="uncoupled"
+    )
+
+
+@needs_interpreter
+@pytest.mark.parametrize("cell", CELLS)
+def test_fused_block_cell_uncoupled_guess_saves_an_update_in_interpreter(poisoned, cell):
+    # Each chunk's guess solves the memory of the gates of the inputs (the sLSTM's
+    # log-normaliser above all) from the chunk's exact start state: measured 2 updates per chunk
+    # where one step's guess takes 3 (to the default 1e-6).
+    u, weights, h0 = cell.layer(2, 96, 5, "cpu")
+    plan = FusedPlan(block_t=32, block_d=4)
+    step = cell.newton(u, *weights, h0, plan=plan, max_iters=8)
+    uncoupled = cell.newton(u, *weights, h0, plan=plan, max_iters=8, initial_guess="uncoupled")
+    assert uncoupled.residuals[0] < step.residuals[0]
+    assert uncoupled.iters < step.iters, (uncoupled.residuals, step.residuals)
+    ref = cell.reference(u.double(), *(w.double() for w in weights), h0.double())
+    _check_states(cell, uncoupled.states, ref, F32_TOL, f"{cell.name} states (uncoupled)")
+
+
 def _long_memory(cell: BlockCell, u: Tensor, channels: int, width: int) -> Tensor:
     """``u`` with the first ``channels`` of ``width`` channels keeping their cell state: the
     LSTM's forget gate open (``1 - f ≈ 4e-18``), the sLSTM's forget gate open and input gate
@@ -410,6 +439,21 @@ def test_fused_block_cell_on_gpu(poisoned, cell, shape):
     batch, steps, channels = shape
     u, weights, h0 = cell.layer(batch, steps, channels, "cuda")
     _check_layer(cell, u, weights, h0, None, F32_TOL, f"cuda {cell.name} {shape}")
+
+
+@pytest.mark.cuda
+@needs_cuda
+@pytest.mark.parametrize("cell", CELLS)
+@pytest.mark.parametrize("shape", [(8, 4096, 256), (1, 65536, 256)], ids=["8x4096", "1x65536"])
+def test_fused_block_cell_uncoupled_guess_on_gpu(poisoned, cell, shape):
+    u, weights, h0 = cell.layer(*shape, "cuda")
+    label = f"cuda {cell.name} uncoupled {shape}"
+    _check_layer(cell, u, weights, h0, None, F32_TOL, label, initial_guess="uncoupled")
+    step = cell.newton(u, *weights, h0)
+    uncoupled = cell.newton(u, *weights, h0, initial_guess="uncoupled")
+    # The most updates any of the many chunks ran: no more than one step's guess needs.
+    assert uncoupled.iters <= step.iters, (uncoupled.residuals, step.residuals)
+    assert uncoupled.residuals[0] < step.residuals[0]
 
 
 @pytest.mark.cuda

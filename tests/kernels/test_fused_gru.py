@@ -47,11 +47,11 @@ def _reference(u: Tensor, weight: Tensor, h0: Tensor | None, grad: Tensor):
     return states.detach(), g_u, g_w, g_h
 
 
-def _check_layer(u, weight, h0, plan, tol, label, *, backward_block_t=64):
+def _check_layer(u, weight, h0, plan, tol, label, *, backward_block_t=64, **newton_kw):
     grad = torch.randn(u.shape[0], u.shape[1], weight.shape[1], device=u.device)
     ref_states, ref_gu, ref_gw, ref_gh = _reference(u, weight, h0, grad)
     low_u = u.to(torch.bfloat16) if tol == BF16_TOL else u
-    result = fused_gru_newton(low_u, weight, h0, plan=plan)
+    result = fused_gru_newton(low_u, weight, h0, plan=plan, **newton_kw)
     assert result.states.dtype == low_u.dtype
     assert_close(result.states, ref_states, tol=tol, name=f"states {label}")
     assert result.max_residual <= 1e-5, f"{label}: stopped at residual {result.max_residual}"
@@ -98,7 +98,33 @@ def _shut_update_gates(u: Tensor, channels: int) -> Tensor:
 
 
 @needs_interpreter
-@pytest.mark.parametrize("initial_guess", ["step", "initial_state"])
+@pytest.mark.parametrize("segments", [1, 3])
+@pytest.mark.parametrize("steps", [1, 17, 63])
+def test_fused_gru_uncoupled_guess_in_interpreter(poisoned, steps, segments):
+    u, weight, h0 = _layer(2, steps, 5, "cpu")
+    plan = FusedPlan(block_t=16, block_d=4, segments=segments)
+    label = f"uncoupled T={steps} S={segments}"
+    _check_layer(
+        u, weight, h0, plan, F32_TOL, label, backward_block_t=16, initial_guess="uncoupled"
+    )
+
+
+@needs_interpreter
+def test_fused_gru_uncoupled_guess_saves_an_update_in_interpreter(poisoned):
+    # Each chunk's guess solves the update gate's memory from the chunk's exact start state:
+    # measured 2 updates per chunk where one step's guess takes 3 (to the default 1e-6).
+    u, weight, h0 = _layer(2, 96, 5, "cpu")
+    plan = FusedPlan(block_t=32, block_d=4)
+    step = fused_gru_newton(u, weight, h0, plan=plan, max_iters=8)
+    uncoupled = fused_gru_newton(u, weight, h0, plan=plan, max_iters=8, initial_guess="uncoupled")
+    assert uncoupled.residuals[0] < step.residuals[0]
+    assert uncoupled.iters < step.iters, (uncoupled.residuals, step.residuals)
+    ref = reference_gru_sequential(u.double(), weight.double(), h0.double())
+    assert_close(uncoupled.states, ref, tol=F32_TOL, name="states (uncoupled)")
+
+
+@needs_interpreter
+@pytest.mark.parametrize("initial_guess", ["step", "initial_state", "uncoupled"])
 def test_fused_gru_segments_chain_a_long_memory_in_interpreter(poisoned, initial_guess):
     u, weight, h0 = _layer(2, 80, 5, "cpu")
     u = _shut_update_gates(u, 3)
@@ -110,7 +136,9 @@ def test_fused_gru_segments_chain_a_long_memory_in_interpreter(poisoned, initial
     assert result.max_residual <= 1e-5
     # The scenario holds: h0 carried to the last step (where the guesses start near 0).
     assert (result.states[:, -1, :3] - h0[:, :3]).abs().max() < 1e-6
-    _check_layer(u, weight, h0, plan, F32_TOL, "long memory", backward_block_t=8)
+    _check_layer(
+        u, weight, h0, plan, F32_TOL, "long memory", backward_block_t=8, initial_guess=initial_guess
+    )
 
 
 @needs_interpreter
@@ -207,6 +235,10 @@ def test_fused_gru_bad_input_names_the_argument():
         fused_gru_newton(u.double(), weight, h0)
     with pytest.raises(ValueError, match="max_iters must be an int >= 1"):
         fused_gru_newton(u, weight, h0, max_iters=0)
+    with pytest.raises(
+        ValueError, match=r"initial_guess must be one of \[.*'uncoupled'\], got 'ze"
+    ):
+        fused_gru_newton(u, weight, h0, initial_guess="zeros")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"grad_states must be \[B, T, D\]"):
         fused_gru_backward(u, weight, h0, torch.zeros(2, 8, 4), torch.zeros(2, 8, 5))
 
@@ -263,6 +295,19 @@ def test_fused_gru_on_gpu(poisoned, shape):
     batch, steps, channels = shape
     u, weight, h0 = _layer(batch, steps, channels, "cuda")
     _check_layer(u, weight, h0, None, F32_TOL, f"cuda {shape}")
+
+
+@pytest.mark.cuda
+@needs_cuda
+@pytest.mark.parametrize("shape", [(8, 4096, 256), (1, 65536, 256)], ids=["8x4096", "1x65536"])
+def test_fused_gru_uncoupled_guess_on_gpu(poisoned, shape):
+    u, weight, h0 = _layer(*shape, "cuda")
+    _check_layer(u, weight, h0, None, F32_TOL, f"cuda uncoupled {shape}", initial_guess="uncoupled")
+    step = fused_gru_newton(u, weight, h0)
+    uncoupled = fused_gru_newton(u, weight, h0, initial_guess="uncoupled")
+    # The most updates any of the many chunks ran: no more than one step's guess needs.
+    assert uncoupled.iters <= step.iters, (uncoupled.residuals, step.residuals)
+    assert uncoupled.residuals[0] < step.residuals[0]
 
 
 @pytest.mark.cuda

@@ -30,7 +30,17 @@ class NewtonConfig:
         omega: damping, ``H <- H + omega * δ`` (``1`` is plain Newton).
         initial_guess: ``"step"`` (default): ``h^0_t = f(s, u_t)`` with ``s`` the cell's empty
             state -- ``f(0, u_t)`` as in the paper for cells whose empty state is zero;
-            ``"initial_state"``: ``h^0_t = s``.
+            ``"initial_state"``: ``h^0_t = s``; ``"uncoupled"``: the states of the cell with
+            its couplings to the previous state dropped, solved exactly by a scan
+            (:meth:`ParaCell.uncoupled_states <pararnn_core.ParaCell.uncoupled_states>`; the
+            fused kernels solve it per chunk from the chunk's exact start state). It knows the
+            memory that the gates of the inputs alone carry, which a guess from one step
+            cannot, so Newton starts about one update closer: more accuracy for the same
+            ``max_iters`` (ParaSLSTM's fused chunks reach 1e-6 in three updates where one step's
+            guess leaves 6e-5 to 4e-4) or, where chunks stop at ``tol``, fewer updates; what
+            that costs or saves per shape is in docs/benchmarks.md (ParaGRU, ParaLSTM,
+            ParaSLSTM; another cell must define ``uncoupled_states``, else the solve raises
+            ``ValueError``).
         scan_backend: ``"auto"`` (on CUDA, the fused layer kernels for cells that have them,
             fused Newton or the fused sequential kernel by a cost model; the Triton scans
             otherwise), ``"triton"``, ``"eager"``, ``"fused"`` (the fused Newton kernels:
@@ -76,7 +86,7 @@ class NewtonConfig:
     max_iters: int = 3
     tol: float | None = None
     omega: float = 1.0
-    initial_guess: Literal["step", "initial_state"] = "step"
+    initial_guess: Literal["step", "initial_state", "uncoupled"] = "step"
     scan_backend: str = "auto"
     divergence_threshold: float = 1.0e6
     on_divergence: Literal["raise", "sequential"] = "raise"
@@ -93,9 +103,10 @@ class NewtonConfig:
             isinstance(self.omega, int | float) and self.omega > 0 and math.isfinite(self.omega)
         ):
             raise ValueError(f"omega must be a finite float > 0, got {self.omega!r}")
-        if self.initial_guess not in ("step", "initial_state"):
+        if self.initial_guess not in ("step", "initial_state", "uncoupled"):
             raise ValueError(
-                f"initial_guess must be 'step' or 'initial_state', got {self.initial_guess!r}"
+                f"initial_guess must be 'step', 'initial_state' or 'uncoupled', "
+                f"got {self.initial_guess!r}"
             )
         check_scan_backend_name(self.scan_backend)
         threshold = self.divergence_threshold

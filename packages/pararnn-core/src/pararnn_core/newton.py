@@ -48,6 +48,34 @@ def _adjoint_jacobian(jac: Tensor, structure: Structure) -> Tensor:
     return shifted if isinstance(structure, Diag) else shifted.transpose(-1, -2)
 
 
+def _initial_guess(cell: ParaCell, u: Tensor, h0: Tensor, config: NewtonConfig) -> Tensor:
+    """Newton's starting trajectory ``H^0 [B, T, *S]`` (``config.initial_guess``), ``h0``'s dtype.
+
+    Raises:
+        ValueError: ``"uncoupled"`` for a cell that does not define ``uncoupled_states``, or
+            one whose ``uncoupled_states`` returns another shape.
+    """
+    batch, steps = u.shape[:2]
+    state_shape = tuple(h0.shape[1:])
+    if config.initial_guess == "uncoupled":
+        if type(cell).uncoupled_states is ParaCell.uncoupled_states:
+            raise ValueError(
+                f"initial_guess='uncoupled' needs a cell that defines uncoupled_states(u, h0); "
+                f"{type(cell).__name__} does not (use initial_guess='step')"
+            )
+        guess = cell.uncoupled_states(u, h0)
+        expected = (batch, steps, *state_shape)
+        if tuple(guess.shape) != expected:
+            raise ValueError(
+                f"{type(cell).__name__}.uncoupled_states returned shape {tuple(guess.shape)}, "
+                f"expected {expected}"
+            )
+        return guess.to(h0.dtype)
+    empty = cell.initial_state(batch, device=u.device, dtype=h0.dtype)
+    empty_seq = empty.unsqueeze(1).expand(batch, steps, *state_shape)
+    return cell.step(empty_seq, u) if config.initial_guess == "step" else empty_seq.clone()
+
+
 def sequential_solve(cell: ParaCell, u: Tensor, h0: Tensor) -> Tensor:
     """The recurrence one step at a time: ``u [B, T, d_u]``, ``h0 [B, *S]`` -> ``H [B, T, *S]``.
 
@@ -88,13 +116,9 @@ def newton_solve(
     refuse_while_capturing(config, u, unfused=True)
     backend = get_scan_backend(config.scan_backend)
     structure = cell.structure
-    batch, steps = u.shape[:2]
-    state_shape = tuple(h0.shape[1:])
     threshold = config.divergence_threshold
     with torch.no_grad():
-        empty = cell.initial_state(batch, device=u.device, dtype=h0.dtype)
-        empty_seq = empty.unsqueeze(1).expand(batch, steps, *state_shape)
-        states = cell.step(empty_seq, u) if config.initial_guess == "step" else empty_seq.clone()
+        states = _initial_guess(cell, u, h0, config)
         label = resolved_scan_backend_name(config.scan_backend, states, structure)
         residuals: list[Tensor] = []
         iters = 0

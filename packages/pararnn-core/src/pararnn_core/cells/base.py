@@ -100,7 +100,7 @@ class ParaCell(nn.Module):
     Subclasses call ``super().__init__(d_in=..., d_h=..., d_u=..., structure=...)``, create their
     parameters, and implement :meth:`project` and :meth:`step`. Optionally they override
     :meth:`jacobian` (analytic ``∂f/∂h``), :meth:`step_and_jacobian` (both, sharing work),
-    :meth:`vjp`, :meth:`output` and :meth:`initial_state`.
+    :meth:`vjp`, :meth:`output`, :meth:`initial_state` and :meth:`uncoupled_states`.
 
     Shapes (``S`` = :attr:`state_shape`: ``(d_h,)`` for Diag and Dense, ``(d_h, k)`` for Block(k)):
 
@@ -212,6 +212,22 @@ class ParaCell(nn.Module):
     ) -> Tensor:
         """The state used when no ``h0`` is given: zeros ``[batch, *S]`` unless overridden."""
         return torch.zeros(batch, *self.state_shape, device=device, dtype=dtype)
+
+    def uncoupled_states(self, u: Tensor, h0: Tensor) -> Tensor:
+        """The states of the cell with its couplings to the previous state that make the step
+        nonlinear dropped, solved exactly from ``h0``: Newton's initial guess for
+        ``NewtonConfig(initial_guess="uncoupled")``. ``u [B, T, d_u]``, ``h0 [B, *S]`` ->
+        ``[B, T, *S]`` in ``h0``'s dtype.
+
+        Optional: a cell whose state has a memory that does not depend on ``h`` (a gate of the
+        inputs alone times the previous state) can solve that part by a linear scan, which a
+        guess from one step cannot know; Newton then starts about one update closer. ParaGRU,
+        ParaLSTM and ParaSLSTM define it.
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} does not define uncoupled_states(u, h0), which "
+            f"initial_guess='uncoupled' needs; use initial_guess='step'"
+        )
 
     def forward(self, h_prev: Tensor, u: Tensor) -> Tensor:
         """Same as :meth:`step`."""

@@ -7,6 +7,8 @@ from typing import Final
 import torch
 from torch import Tensor, nn
 
+from pararnn_kernels import scan_diag
+
 from ..structures import Diag
 from .base import ParaCell
 
@@ -93,3 +95,10 @@ class ParaGRU(ParaCell):
             + z * (1 - c * c) * a_c * (r + r * (1 - r) * a_r * h_prev)
         )
         return h_prev + z * gap, jac
+
+    def uncoupled_states(self, u: Tensor, h0: Tensor) -> Tensor:
+        """``h_t = (1 - σ(u_z)) h_{t-1} + σ(u_z) tanh(u_c)`` (the recurrent weights dropped) from
+        ``h0 [B, d_h]``, one linear scan: ``u [B, T, 3 d_h] -> [B, T, d_h]``."""
+        u_z, _u_r, u_c = torch.split(u, self.d_h, dim=-1)
+        z = torch.sigmoid(u_z)
+        return scan_diag(1 - z, z * torch.tanh(u_c), h0.to(u.dtype)).to(h0.dtype)

@@ -7,6 +7,8 @@ from typing import Final
 import torch
 from torch import Tensor, nn
 
+from pararnn_kernels import scan_diag
+
 from ..structures import Block
 from .base import ParaCell
 
@@ -112,3 +114,14 @@ class ParaLSTM(ParaCell):
         row_c = torch.stack([dc_dc, dc_dh], dim=-1)
         row_h = torch.stack([dh_dc, dh_dh], dim=-1)
         return torch.stack([c_new, o * tc], dim=-1), torch.stack([row_c, row_h], dim=-2)
+
+    def uncoupled_states(self, u: Tensor, h0: Tensor) -> Tensor:
+        """The couplings to ``h`` and the forget gate's peephole dropped, from ``h0 [B, d_h, 2]``:
+        ``c_t = σ(u_f) c_{t-1} + (1 - σ(u_f)) tanh(u_z)`` (one linear scan), then
+        ``h_t = σ(u_o + p_o c_t) tanh(c_t)``: ``u [B, T, 3 d_h] -> [B, T, d_h, 2]``."""
+        _p_f, p_o = self.peephole_weight
+        u_f, u_z, u_o = torch.split(u, self.d_h, dim=-1)
+        f = torch.sigmoid(u_f)
+        c = scan_diag(f, (1 - f) * torch.tanh(u_z), h0[..., 0].to(u.dtype))
+        h = torch.sigmoid(u_o + p_o * c) * torch.tanh(c)
+        return torch.stack([c, h], dim=-1).to(h0.dtype)

@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from pararnn_kernels import scan_diag
+
 from ..structures import Block
 from .base import ParaCell
 
@@ -156,3 +158,23 @@ class ParaSLSTM(ParaCell):
             torch.stack([o * dc_dc, o * dc_dl, dh_dh], dim=-1),
         ]
         return torch.stack([c_new, ell_new, o * c_new], dim=-1), torch.stack(rows, dim=-2)
+
+    def uncoupled_states(self, u: Tensor, h0: Tensor) -> Tensor:
+        """The recurrent weights dropped, from ``h0 [B, d_h, 3]``: ``u [B, T, 4 d_h] ->
+        [B, T, d_h, 3]``.
+
+        ``ℓ_t = logaddexp(log σ(u_f) + ℓ_{t-1}, u_i)`` in closed form, ``ℓ_t = L_t +
+        logcumsumexp(ℓ_0, u_i - L)_t`` with ``L_t = Σ_{s≤t} log σ(u_{f,s})`` (float64: ``L``
+        grows like ``T``, and float32 would lose ``ℓ``'s digits to the cancellation); then
+        ``λ_t = exp(u_i - ℓ_t)``, ``ĉ_t = (1 - λ_t) ĉ_{t-1} + λ_t tanh(u_z)`` (a linear scan) and
+        ``h_t = σ(u_o) ĉ_t``.
+        """
+        u_z, u_i, u_f, u_o = torch.split(u, self.d_h, dim=-1)
+        u_i64 = u_i.double()
+        total = torch.cumsum(F.logsigmoid(u_f.double()), dim=1)
+        terms = torch.cat([h0[:, None, :, 1].double(), u_i64 - total], dim=1)
+        ell = total + torch.logcumsumexp(terms, dim=1)[:, 1:]
+        lam = torch.exp(u_i64 - ell).to(u.dtype)
+        c = scan_diag(1 - lam, lam * torch.tanh(u_z), h0[..., 0].to(u.dtype))
+        states = torch.stack([c, ell.to(u.dtype), torch.sigmoid(u_o) * c], dim=-1)
+        return states.to(h0.dtype)

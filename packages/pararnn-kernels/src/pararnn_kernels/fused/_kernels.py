@@ -131,11 +131,29 @@ def _load_chunk(u_ptr, row_base, c0, t_end, D, offs_d, mask_d, BLOCK_T: tl.const
 
 @triton.jit
 def _gru_guess(u_z, u_c, GUESS: tl.constexpr):
-    """The initial guess of a chunk's states: ``f(0, u_t)`` (``GUESS=1``) or zeros."""
-    if GUESS == 1:
+    """The one-row initial guess: ``f(0, u_t)`` (``GUESS`` 1 or 2) or zeros (``GUESS=0``)."""
+    if GUESS >= 1:
         return _sigmoid(u_z) * _tanh(u_c)
     else:
         return tl.zeros_like(u_z)
+
+
+@triton.jit
+def _first_row_carry(a, b, rows, carry):
+    """Fold the state before a chunk into its first row: ``b_0 + a_0 · carry``."""
+    return tl.where((rows == 0)[:, None], b + a * carry[None, :], b)
+
+
+@triton.jit
+def _gru_uncoupled(u_z, u_c, h, rows):
+    """A chunk's states with the recurrent weights dropped (``GUESS=2``), solved from the exact
+    state ``h`` before it: ``h_t = (1 - σ(u_z)) h_{t-1} + σ(u_z) tanh(u_c)``, one scan."""
+    z = _sigmoid(u_z)
+    keep = 1.0 - z
+    _prod, states = tl.associative_scan(
+        (keep, _first_row_carry(keep, z * _tanh(u_c), rows, h)), 0, _combine
+    )
+    return states
 
 
 @triton.jit
@@ -189,7 +207,9 @@ def gru_newton_kernel(
 ):
     """``h0 [B, D]`` (``start``) -> states ``out [B, T, D]``.
 
-    ``GUESS``: 0 zeros, 1 ``f(0, u_t)``. ``CHAINED`` (more than one segment): programs take
+    ``GUESS``: 0 zeros, 1 ``f(0, u_t)``, 2 each chunk's states with the recurrent weights
+    dropped, solved from its exact start state (``_gru_uncoupled``; a later segment's start
+    guess is ``f(0, u)`` then). ``CHAINED`` (more than one segment): programs take
     their ``(channel block, row, segment)`` by ticket (``sync [1 + S·B·n_d]`` int32 zeros: the
     ticket, then a flag per program), start a later segment from the guess one step before it,
     record each chunk's start state in float32 in ``chunk [B, n_chunks, D]``, correct their
@@ -236,7 +256,10 @@ def gru_newton_kernel(
         valid = t < t_end
         mask = valid[:, None] & mask_d[None, :]
         offs_out = (row_base + t)[:, None] * D + offs_d[None, :]
-        states = _gru_guess(u_z, u_c, GUESS)
+        if GUESS == 2:
+            states = _gru_uncoupled(u_z, u_c, h, rows)
+        else:
+            states = _gru_guess(u_z, u_c, GUESS)
         if CHAINED:
             tl.store(chunk_ptr + (chunk_base + c0 // BLOCK_T) * D + offs_d, h, mask=mask_d)
         states, hist, k = _gru_chunk(

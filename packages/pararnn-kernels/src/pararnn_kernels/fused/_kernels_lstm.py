@@ -29,6 +29,8 @@ import triton.language as tl
 
 from ..scan._kernels import _combine_block2
 from ._kernels import (
+    _combine,
+    _first_row_carry,
     _partial_slots,
     _pick_row,
     _publish_segment,
@@ -95,14 +97,26 @@ def _load_chunk(u_ptr, row_base, c0, t_end, D, offs_d, mask_d, BLOCK_T: tl.const
 
 @triton.jit
 def _lstm_guess(u_f, u_z, u_o, a_f, a_z, a_o, p_f, p_o, GUESS: tl.constexpr):
-    """The initial guess ``(c, h)`` of a chunk's states: one step from the empty state
-    (``GUESS=1``) or the empty state, zeros."""
+    """The one-row initial guess ``(c, h)``: one step from the empty state (``GUESS`` 1 or 2)
+    or the empty state, zeros (``GUESS=0``)."""
     empty = tl.zeros_like(u_f)
-    if GUESS == 1:
+    if GUESS >= 1:
         _f, _z, c, o, tc = _lstm_forward(empty, empty, u_f, u_z, u_o, a_f, a_z, a_o, p_f, p_o)
         return c, o * tc
     else:
         return empty, empty
+
+
+@triton.jit
+def _lstm_uncoupled(u_f, u_z, u_o, p_o, c, rows):
+    """A chunk's states ``(c, h)`` with the couplings to ``h`` and the forget gate's peephole
+    dropped (``GUESS=2``), solved from the exact ``c`` before it: ``c_t = f c_{t-1} + (1 - f) z``
+    with ``f = σ(u_f)``, ``z = tanh(u_z)`` (one scan), then ``h_t = σ(u_o + p_o c_t) tanh(c_t)``."""
+    f = _sigmoid(u_f)
+    _prod, s_c = tl.associative_scan(
+        (f, _first_row_carry(f, (1.0 - f) * _tanh(u_z), rows, c)), 0, _combine
+    )
+    return s_c, _sigmoid(u_o + p_o[None, :] * s_c) * _tanh(s_c)
 
 
 @triton.jit
@@ -178,7 +192,8 @@ def lstm_newton_kernel(
 ):
     """``h0 [B, D, 2]`` (``start``) -> states ``out [B, T, D, 2]``; ``end [S, B, D, 2]``,
     ``chunk [B, n_chunks, D, 2]``, ``sync``, ``GUESS`` and ``stats`` as in
-    ``gru_newton_kernel`` (``GUESS=0``: the empty state, zeros)."""
+    ``gru_newton_kernel`` (``GUESS=0``: the empty state, zeros; ``GUESS=2``:
+    ``_lstm_uncoupled``)."""
     pid_d, pid_b, seg = _segment_program(sync_ptr, CHAINED)
     n_b = tl.num_programs(1)
     offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
@@ -216,7 +231,10 @@ def lstm_newton_kernel(
         valid = t < t_end
         mask = valid[:, None] & mask_d[None, :]
         offs_out = ((row_base + t)[:, None] * D + offs_d[None, :]) * 2
-        s_c, s_h = _lstm_guess(u_f, u_z, u_o, a_f, a_z, a_o, p_f, p_o, GUESS)
+        if GUESS == 2:
+            s_c, s_h = _lstm_uncoupled(u_f, u_z, u_o, p_o, c, rows)
+        else:
+            s_c, s_h = _lstm_guess(u_f, u_z, u_o, a_f, a_z, a_o, p_f, p_o, GUESS)
         if CHAINED:
             slot = ((chunk_base + c0 // BLOCK_T) * D + offs_d) * 2
             tl.store(chunk_ptr + slot, c, mask=mask_d)

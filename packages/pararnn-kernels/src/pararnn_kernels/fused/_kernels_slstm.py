@@ -19,7 +19,9 @@ import triton
 import triton.language as tl
 
 from ._kernels import (
+    _combine,
     _exp,
+    _first_row_carry,
     _log,
     _partial_slots,
     _pick_row,
@@ -152,17 +154,42 @@ def _identity_past_end(valid, j00, j01, j02, j10, j11, j12, j20, j21, j22):
 
 @triton.jit
 def _slstm_guess(u_z, u_i, u_f, u_o, r_z, r_i, r_f, r_o, GUESS: tl.constexpr):
-    """The initial guess ``(c, ℓ, h)`` of a chunk's states: one step from the empty state
-    (``GUESS=1``) or the empty state."""
+    """The one-row initial guess ``(c, ℓ, h)``: one step from the empty state (``GUESS`` 1 or
+    2) or the empty state (``GUESS=0``)."""
     empty = tl.zeros_like(u_z)
     empty_ell = tl.full(u_z.shape, EMPTY_LOG_NORMALISER, dtype=tl.float32)
-    if GUESS == 1:
+    if GUESS >= 1:
         _z, _fp, o, ell, _lam, c = _slstm_forward(
             empty, empty_ell, empty, u_z, u_i, u_f, u_o, r_z, r_i, r_f, r_o
         )
         return c, ell, o * c
     else:
         return empty, empty_ell, empty
+
+
+@triton.jit
+def _combine_log(a_left, b_left, a_right, b_right):
+    # The pair monoid of ℓ_t = logaddexp(a_t + ℓ_{t-1}, b_t); `left` is earlier.
+    return a_left + a_right, _logaddexp(a_right + b_left, b_right)
+
+
+@triton.jit
+def _slstm_uncoupled(u_z, u_i, u_f, u_o, c, ell, rows):
+    """A chunk's states ``(ĉ, ℓ, h)`` with the recurrent weights dropped (``GUESS=2``), solved
+    from the exact ``(ĉ, ℓ)`` before it: ``ℓ_t = logaddexp(log σ(u_f) + ℓ_{t-1}, u_i)`` (a scan
+    in log space), ``λ_t = exp(u_i - ℓ_t)``, ``ĉ_t = (1 - λ_t) ĉ_{t-1} + λ_t tanh(u_z)`` (a
+    second scan), ``h_t = σ(u_o) ĉ_t``."""
+    log_f = _log_sigmoid(u_f)
+    first = (rows == 0)[:, None]
+    _sum, s_l = tl.associative_scan(
+        (log_f, tl.where(first, _logaddexp(log_f + ell[None, :], u_i), u_i)), 0, _combine_log
+    )
+    lam = _exp(u_i - s_l)
+    keep = 1.0 - lam
+    _prod, s_c = tl.associative_scan(
+        (keep, _first_row_carry(keep, lam * _tanh(u_z), rows, c)), 0, _combine
+    )
+    return s_c, s_l, _sigmoid(u_o) * s_c
 
 
 @triton.jit
@@ -252,7 +279,8 @@ def slstm_newton_kernel(
 ):
     """``h0 [B, D, 3]`` (``start``) -> states ``out [B, T, D, 3]``; ``end [S, B, D, 3]``,
     ``chunk [B, n_chunks, D, 3]``, ``sync``, ``GUESS`` and ``stats`` as in
-    ``gru_newton_kernel`` (``GUESS=0``: the empty state; ``GUESS=1``: one step from it)."""
+    ``gru_newton_kernel`` (``GUESS=0``: the empty state; ``GUESS=1``: one step from it;
+    ``GUESS=2``: ``_slstm_uncoupled``)."""
     pid_d, pid_b, seg = _segment_program(sync_ptr, CHAINED)
     n_b = tl.num_programs(1)
     offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
@@ -292,7 +320,10 @@ def slstm_newton_kernel(
         valid = t < t_end
         mask = valid[:, None] & mask_d[None, :]
         offs_out = ((row_base + t)[:, None] * D + offs_d[None, :]) * 3
-        s_c, s_l, s_h = _slstm_guess(u_z, u_i, u_f, u_o, r_z, r_i, r_f, r_o, GUESS)
+        if GUESS == 2:
+            s_c, s_l, s_h = _slstm_uncoupled(u_z, u_i, u_f, u_o, c, ell, rows)
+        else:
+            s_c, s_l, s_h = _slstm_guess(u_z, u_i, u_f, u_o, r_z, r_i, r_f, r_o, GUESS)
         if CHAINED:
             slot = ((chunk_base + c0 // BLOCK_T) * D + offs_d) * 3
             tl.store(chunk_ptr + slot, c, mask=mask_d)

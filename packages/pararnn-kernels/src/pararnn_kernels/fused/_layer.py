@@ -45,9 +45,18 @@ __all__ = [
     "CellSpec",
     "FusedNewtonResult",
     "FusedPlan",
+    "InitialGuess",
     "check_fused_supported",
     "summarize_fused_stats",
 ]
+
+#: The fused Newton kernels' initial guesses (``GUESS`` of the kernels): ``"initial_state"`` the
+#: empty state, ``"step"`` one step from it, ``"uncoupled"`` each chunk's states with the couplings
+#: to the previous state dropped (the recurrent weights; ParaLSTM's forget peephole too), solved
+#: exactly from the chunk's start state by a scan -- the part of the memory that does not depend
+#: on ``h``, which one Newton update would otherwise spend on.
+InitialGuess = Literal["step", "initial_state", "uncoupled"]
+_GUESS_CODES: Final[dict[str, int]] = {"initial_state": 0, "step": 1, "uncoupled": 2}
 
 #: The per-chunk stopping tolerance when none is given: float32 arithmetic resolves residuals of
 #: states in ``[-1, 1]`` to about this, so a tighter one only spends iterations.
@@ -507,7 +516,7 @@ def newton(
     max_iters: int,
     tol: float | None,
     omega: float,
-    initial_guess: Literal["step", "initial_state"],
+    initial_guess: InitialGuess,
     plan: FusedPlan | None,
 ) -> FusedNewtonResult:
     """Chunked fused Newton for any cell (the public wrappers document the arguments).
@@ -522,6 +531,10 @@ def newton(
     batch, steps, channels = check_layer(spec, u, weights, h0)
     if not isinstance(max_iters, int) or max_iters < 1:
         raise ValueError(f"max_iters must be an int >= 1, got {max_iters!r}")
+    if initial_guess not in _GUESS_CODES:
+        raise ValueError(
+            f"initial_guess must be one of {sorted(_GUESS_CODES)}, got {initial_guess!r}"
+        )
     tol = FUSED_DEFAULT_TOL if tol is None else float(tol)
     plan = plan or plan_fused(spec, batch, steps, channels, u.device)
     u = u.contiguous()
@@ -566,7 +579,7 @@ def newton(
         tol,
         float(omega),
         MAX_ITERS=max_iters,
-        GUESS=1 if initial_guess == "step" else 0,
+        GUESS=_GUESS_CODES[initial_guess],
         CHAINED=segments > 1,
         HIST=hist_len,
         BLOCK_T=plan.block_t,

@@ -38,6 +38,7 @@ from ._layer import (
     CellSpec,
     FusedNewtonResult,
     FusedPlan,
+    InitialGuess,
     backward,
     check_fused_supported,
     choose_method,
@@ -174,7 +175,7 @@ def fused_gru_newton(
     max_iters: int = 3,
     tol: float | None = None,
     omega: float = 1.0,
-    initial_guess: Literal["step", "initial_state"] = "step",
+    initial_guess: InitialGuess = "step",
     plan: FusedPlan | None = None,
 ) -> FusedNewtonResult:
     """Solve the diagonal-GRU recurrence by chunked, fused Newton (no autograd graph).
@@ -190,7 +191,11 @@ def fused_gru_newton(
             segments, a segment's correcting walk also stops at a chunk whose start state moved
             by at most this.
         omega: damping of each update.
-        initial_guess: ``"step"``: ``h^0_t = f(0, u_t)``; ``"initial_state"``: zeros.
+        initial_guess: ``"step"``: ``h^0_t = f(0, u_t)``; ``"initial_state"``: zeros;
+            ``"uncoupled"``: each chunk's ``h_t = (1 - σ(u_z)) h_{t-1} + σ(u_z) tanh(u_c)``
+            (the weights dropped) solved from its exact start state by a scan, which starts
+            Newton about one update closer (the start guess of a later segment is
+            ``f(0, u)``).
         plan: launch shape; None asks :func:`plan_fused_gru`. Every plan captures in a CUDA
             graph (segments are chained on the device: nothing is read back).
 

@@ -23,6 +23,7 @@ from ._layer import (
     CellSpec,
     FusedNewtonResult,
     FusedPlan,
+    InitialGuess,
     backward,
     choose_method,
     estimate_seconds,
@@ -143,7 +144,7 @@ def fused_lstm_newton(
     max_iters: int = 3,
     tol: float | None = None,
     omega: float = 1.0,
-    initial_guess: Literal["step", "initial_state"] = "step",
+    initial_guess: InitialGuess = "step",
     plan: FusedPlan | None = None,
 ) -> FusedNewtonResult:
     """Solve the ParaLSTM recurrence by chunked, fused Newton (no autograd graph).
@@ -159,7 +160,11 @@ def fused_lstm_newton(
             :data:`~pararnn_kernels.fused.FUSED_DEFAULT_TOL`. With segments, a segment's
             correcting walk also stops at a chunk whose start state moved by at most this.
         omega: damping of each update.
-        initial_guess: ``"step"``: ``s^0_t = f(0, u_t)``; ``"initial_state"``: zeros.
+        initial_guess: ``"step"``: ``s^0_t = f(0, u_t)``; ``"initial_state"``: zeros;
+            ``"uncoupled"``: each chunk's states with the couplings to ``h`` and the forget
+            peephole dropped (``c_t = σ(u_f) c_{t-1} + (1 - σ(u_f)) tanh(u_z)``,
+            ``h_t = σ(u_o + p_o c_t) tanh(c_t)``) solved from its exact start state by a scan,
+            which starts Newton about one update closer.
         plan: launch shape; None asks :func:`plan_fused_lstm`. Every plan captures in a CUDA
             graph (segments are chained on the device: nothing is read back).
 

@@ -26,6 +26,7 @@ from ._layer import (
     CellSpec,
     FusedNewtonResult,
     FusedPlan,
+    InitialGuess,
     backward,
     choose_method,
     estimate_seconds,
@@ -155,7 +156,7 @@ def fused_slstm_newton(
     max_iters: int = 3,
     tol: float | None = None,
     omega: float = 1.0,
-    initial_guess: Literal["step", "initial_state"] = "step",
+    initial_guess: InitialGuess = "step",
     plan: FusedPlan | None = None,
 ) -> FusedNewtonResult:
     """Solve the ParaSLSTM(mix="diag") recurrence by chunked, fused Newton (no autograd graph).
@@ -171,7 +172,11 @@ def fused_slstm_newton(
             correcting walk also stops at a chunk whose start state moved by at most this.
         omega: damping of each update.
         initial_guess: ``"step"``: one step from the empty state, ``s^0_t = f(s_∅, u_t)``;
-            ``"initial_state"``: the empty state ``s_∅``.
+            ``"initial_state"``: the empty state ``s_∅``; ``"uncoupled"``: each chunk's states
+            with the recurrent weights dropped (``ℓ_t = logaddexp(log σ(u_f) + ℓ_{t-1}, u_i)``,
+            then ``ĉ`` and ``h = σ(u_o) ĉ``) solved from its exact start state by two scans,
+            which starts Newton about one update closer (mostly the log-normaliser's memory,
+            the slowest part of a guess to settle).
         plan: launch shape; None asks :func:`plan_fused_slstm`. Every plan captures in a CUDA
             graph (segments are chained on the device: nothing is read back).
 
