@@ -433,11 +433,26 @@ def test_streamed_pass_needs_aligned_rows() -> None:
         launch.plan_scan_diag(2, 64, 12, cpu, method="streamed", stages=-1)
 
 
+def test_streamed_pass_streams_forward_passes_only() -> None:
+    """The adjoint of a streamed call is its shape's default adjoint plan, tile arguments and
+    all (the streamed adjoint was slower at every shape swept): for a shape the streamed pass
+    could not take, too."""
+    cpu = torch.device("cpu")
+    for dtype, channels in [(torch.bfloat16, 1536), (torch.float32, 512), (torch.float32, 5)]:
+        default = launch.plan_scan_diag(8, 4096, channels, cpu, dtype=dtype, adjoint=True)
+        streamed = launch.plan_scan_diag(
+            8, 4096, channels, cpu, dtype=dtype, adjoint=True, method="streamed", block_t=32,
+            block_d=16, stages=8,
+        )  # fmt: skip
+        assert streamed == default, (dtype, channels)
+        assert default.method != "streamed"
+
+
 @needs_interpreter
 def test_streamed_pass_takes_the_default_plan_at_misaligned_addresses(poisoned: None) -> None:
     """A tensor whose storage starts 4 bytes past a 16-byte boundary cannot be described to the
-    TMA: the streamed plan runs the default plan instead (forward and adjoint), with the same
-    results."""
+    TMA: the streamed plan runs the default plan instead (the adjoint takes it anyway), with
+    the same results."""
     batch, steps, channels = 2, 17, 12
     jac, rhs, h0 = make_inputs(
         batch, steps, channels, dtype=torch.float32, device="cpu", with_h0=True

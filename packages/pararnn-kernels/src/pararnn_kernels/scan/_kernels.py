@@ -188,30 +188,26 @@ def scan_diag_streamed_kernel(
     jac_desc,
     rhs_desc,
     out_desc,
-    prev_desc,
-    grad_jac_desc,
     h0_ptr,
     T,
     D,
     HAS_H0: tl.constexpr,
     REVERSE: tl.constexpr,
-    SHIFT: tl.constexpr,
-    GRAD_JAC: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_D: tl.constexpr,
     STAGES: tl.constexpr,
 ):
     """Grid (cdiv(D, BLOCK_D), B): scan_diag_kernel's walk, its chunks moved by the tensor
-    memory accelerator (TMA, compute capability >= 9.0).
+    memory accelerator (TMA, compute capability >= 9.0); forward passes only (the launcher
+    gives adjoint passes another plan).
 
     The ``*_desc`` arguments are tensor descriptors of the ``[B, T, D]`` tensors with blocks of
-    ``[1, BLOCK_T, BLOCK_D]`` (``prev_desc``/``grad_jac_desc`` only read when GRAD_JAC; pass any
-    descriptor otherwise). Triton pipelines the loop's descriptor loads over STAGES buffers in
-    shared memory, so STAGES chunks are in flight per program without costing registers: narrow
-    programs (32 channels) still keep enough bytes moving. A chunk is loaded in time order, the
-    reverse direction scanned by a reverse associative scan; rows outside the sequence read as
-    zeros (the hardware's fill) and are never stored (the hardware clips), and the carry is
-    picked from the last row inside it.
+    ``[1, BLOCK_T, BLOCK_D]``. Triton pipelines the loop's descriptor loads over STAGES buffers
+    in shared memory, so STAGES chunks are in flight per program without costing registers:
+    narrow programs (32 channels) still keep enough bytes moving. A chunk is loaded in time
+    order, the reverse direction scanned by a reverse associative scan; rows outside the
+    sequence read as zeros (the hardware's fill) and are never stored (the hardware clips), and
+    the carry is picked from the last row inside it.
     """
     pid_d = tl.program_id(0)
     pid_b = tl.program_id(1)
@@ -219,10 +215,7 @@ def scan_diag_streamed_kernel(
     offs_d = d0 + tl.arange(0, BLOCK_D)
     mask_d = offs_d < D
     rows = tl.arange(0, BLOCK_T)
-    h0 = _initial_state(h0_ptr, pid_b, D, offs_d, mask_d, HAS_H0, BLOCK_D)
-    carry = tl.zeros([BLOCK_D], dtype=tl.float32)
-    if not GRAD_JAC:
-        carry = h0
+    carry = _initial_state(h0_ptr, pid_b, D, offs_d, mask_d, HAS_H0, BLOCK_D)
     for c0 in tl.range(0, T, BLOCK_T, num_stages=STAGES):
         # Processing positions c0 .. c0 + BLOCK_T - 1; `t_lo` is the time of the chunk's row 0.
         if REVERSE:
@@ -230,36 +223,16 @@ def scan_diag_streamed_kernel(
             # Processing order runs from the last row to the first: the last position inside
             # the sequence is time 0 (or the chunk's first row).
             last = tl.maximum(-t_lo, 0)
-            shift = 1
         else:
             t_lo = c0
             last = tl.minimum(T - c0, BLOCK_T) - 1
-            shift = -1
-        # SHIFT (the adjoint): the multiplier at a position is jac one position earlier in
-        # processing order (zero before the first: the hardware's fill).
-        t_jac = t_lo
-        if SHIFT:
-            t_jac = t_lo + shift
-        a = jac_desc.load([pid_b, t_jac, d0]).reshape(BLOCK_T, BLOCK_D)
+        a = jac_desc.load([pid_b, t_lo, d0]).reshape(BLOCK_T, BLOCK_D)
         b = rhs_desc.load([pid_b, t_lo, d0]).reshape(BLOCK_T, BLOCK_D)
         prod, acc = tl.associative_scan(
             (a.to(tl.float32), b.to(tl.float32)), 0, _combine_diag, reverse=REVERSE
         )
         y = acc + prod * carry[None, :]
         out_desc.store([pid_b, t_lo, d0], y.to(out_desc.dtype).reshape(1, BLOCK_T, BLOCK_D))
-        if GRAD_JAC:
-            # The state the original recurrence consumed: its output one position later in
-            # this pass's order, h0 past the end (zero without h0).
-            prev = prev_desc.load([pid_b, t_lo - shift, d0]).reshape(BLOCK_T, BLOCK_D)
-            prev = prev.to(tl.float32)
-            if HAS_H0:
-                if REVERSE:
-                    boundary = t_lo + rows == 0
-                else:
-                    boundary = t_lo + rows == T - 1
-                prev = tl.where(boundary[:, None], h0[None, :], prev)
-            grad_jac = (y * prev).to(grad_jac_desc.dtype).reshape(1, BLOCK_T, BLOCK_D)
-            grad_jac_desc.store([pid_b, t_lo, d0], grad_jac)
         carry = tl.sum(tl.where((rows == last)[:, None], y, 0.0), axis=0)
 
 

@@ -21,7 +21,9 @@ from the number of channels, the storage dtype and the direction (the fifth is a
 * ``"streamed"`` -- the chunked walk with its chunks moved by the tensor memory accelerator
   (TMA; compute capability >= 9.0), several chunks in flight per program in shared memory: the
   narrow programs (32 channels) that fill the GPU where 64-channel ones are too few still keep
-  enough bytes moving. Opt-in (``method="streamed"``) until an H200 sweep says where it wins.
+  enough bytes moving. Forward passes only (an adjoint takes the default plan). Opt-in
+  (``method="streamed"``): on an H100 it led the default only in bf16 at 12288 channels
+  (84 % of the copy bandwidth against 74 %, docs/benchmarks.md); an H200 sweep decides more.
 
 The kernels are imported on first use, so importing this module needs no GPU and compiles nothing.
 """
@@ -191,7 +193,10 @@ def plan_scan_diag(
       one warp, 4 ``stages``. It needs compute capability >= 9.0 and rows of a multiple of 16
       bytes (``channels`` times the element size), or it raises ``ValueError``; at call time, a
       traced call (``torch.compile``, fake tensors) or a tensor at an address that is not
-      16-byte aligned runs the default plan instead.
+      16-byte aligned runs the default plan instead. It streams forward passes (either
+      direction) only: the ``adjoint`` of a streamed call is its shape's default adjoint plan,
+      whatever tile arguments came with it (streamed, the adjoint ran at 17-66 % of the copy
+      bandwidth where the default ran at 71-93 %, every shape of an H100 sweep).
 
     ``steps`` is part of the signature for the model; no choice depends on it yet (nor does the
     cache key, so sequences of every length share a plan). ``device`` gives the multiprocessor
@@ -201,6 +206,11 @@ def plan_scan_diag(
     plans are built uncached.
     """
     build = _plan if type(batch) is int and type(channels) is int else _build_plan
+    if method == "streamed" and adjoint:
+        return build(
+            batch, channels, multiprocessor_count(device), None, dtype, adjoint, None,
+            None, None, None, None, 1, None, None, None, None,
+        )  # fmt: skip
     # Only the streamed pass asks for the capability (the default plans' calls skip the lookup).
     capability = device_capability(device) if method == "streamed" else None
     return build(
@@ -449,12 +459,17 @@ def _launch_diag_streamed(
     prev: Tensor | None = None,
     grad_jac: Tensor | None = None,
 ) -> None:
-    tensors = [t for t in (jac, rhs, out, prev, grad_jac) if t is not None]
-    if not plain_eager() or any(t.data_ptr() % _TMA_ALIGNMENT for t in tensors):
+    tensors = (jac, rhs, out)
+    if (
+        grad_jac is not None
+        or not plain_eager()
+        or any(t.data_ptr() % _TMA_ALIGNMENT for t in tensors)
+    ):
         # Descriptors are built on the host per call, for real tensors at 16-byte aligned
         # addresses: traced calls (torch.compile, fake tensors) and misaligned views take the
         # default plan instead (the chunked walk alone would leave the GPU idle where B·D is
-        # small). No default plan is streamed, so this does not come back here.
+        # small), as does an adjoint pass (which plan_scan_diag never plans streamed). No
+        # default plan is streamed, so this does not come back here.
         batch, steps, channels = rhs.shape
         fallback = plan_scan_diag(
             batch, steps, channels, rhs.device, dtype=rhs.dtype, adjoint=grad_jac is not None
@@ -474,20 +489,15 @@ def _launch_diag_streamed(
 
     block = [1, plan.block_t, plan.block_d]
     batch, steps, channels = rhs.shape
-    out_desc = TensorDescriptor.from_tensor(out, block)
     launchable(_kernels().scan_diag_streamed_kernel)[(math.ceil(channels / plan.block_d), batch)](
         TensorDescriptor.from_tensor(jac, block),
         TensorDescriptor.from_tensor(rhs, block),
-        out_desc,
-        TensorDescriptor.from_tensor(prev, block) if prev is not None else out_desc,
-        TensorDescriptor.from_tensor(grad_jac, block) if grad_jac is not None else out_desc,
+        TensorDescriptor.from_tensor(out, block),
         h0 if h0 is not None else out,
         steps,
         channels,
         HAS_H0=h0 is not None,
         REVERSE=reverse,
-        SHIFT=shift,
-        GRAD_JAC=grad_jac is not None,
         BLOCK_T=plan.block_t,
         BLOCK_D=plan.block_d,
         STAGES=plan.stages,
