@@ -205,9 +205,9 @@ def scan_diag_streamed_kernel(
     ``[1, BLOCK_T, BLOCK_D]``. Triton pipelines the loop's descriptor loads over STAGES buffers
     in shared memory, so STAGES chunks are in flight per program without costing registers:
     narrow programs (32 channels) still keep enough bytes moving. A chunk is loaded in time
-    order, the reverse direction scanned by a reverse associative scan; rows outside the
-    sequence read as zeros (the hardware's fill) and are never stored (the hardware clips), and
-    the carry is picked from the last row inside it.
+    order, the reverse direction scanned by a reverse associative scan; rows past the sequence
+    read as zeros (the hardware's fill; the reverse pass multiplies them by 1) and are never
+    stored (the hardware clips), and the carry is picked from the last row inside it.
     """
     pid_d = tl.program_id(0)
     pid_b = tl.program_id(1)
@@ -216,17 +216,23 @@ def scan_diag_streamed_kernel(
     mask_d = offs_d < D
     rows = tl.arange(0, BLOCK_T)
     carry = _initial_state(h0_ptr, pid_b, D, offs_d, mask_d, HAS_H0, BLOCK_D)
+    # Chunks start at multiples of BLOCK_T in both directions: a box at a negative time stopped
+    # an H200 with an illegal instruction (reverse, T = 1), so only the last chunk in time
+    # reaches past the sequence, never the first.
+    top = (tl.cdiv(T, BLOCK_T) - 1) * BLOCK_T
     for c0 in tl.range(0, T, BLOCK_T, num_stages=STAGES):
-        # Processing positions c0 .. c0 + BLOCK_T - 1; `t_lo` is the time of the chunk's row 0.
+        # `t_lo` is the time of the chunk's row 0.
         if REVERSE:
-            t_lo = T - c0 - BLOCK_T
-            # Processing order runs from the last row to the first: the last position inside
-            # the sequence is time 0 (or the chunk's first row).
-            last = tl.maximum(-t_lo, 0)
+            t_lo = top - c0
+            # Processing order runs from the last row to the first, so the rows past the end
+            # come first: they multiply by 1 (not the fill's 0) to hand the carry through.
+            last = 0
         else:
             t_lo = c0
             last = tl.minimum(T - c0, BLOCK_T) - 1
         a = jac_desc.load([pid_b, t_lo, d0]).reshape(BLOCK_T, BLOCK_D)
+        if REVERSE:
+            a = tl.where((t_lo + rows < T)[:, None], a, 1.0)
         b = rhs_desc.load([pid_b, t_lo, d0]).reshape(BLOCK_T, BLOCK_D)
         prod, acc = tl.associative_scan(
             (a.to(tl.float32), b.to(tl.float32)), 0, _combine_diag, reverse=REVERSE
