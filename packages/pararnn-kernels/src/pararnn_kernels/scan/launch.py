@@ -461,7 +461,8 @@ def _launch_diag_streamed(
 ) -> None:
     tensors = (jac, rhs, out)
     if (
-        grad_jac is not None
+        shift
+        or grad_jac is not None
         or not plain_eager()
         or any(t.data_ptr() % _TMA_ALIGNMENT for t in tensors)
     ):
@@ -472,7 +473,7 @@ def _launch_diag_streamed(
         # default plan is streamed, so this does not come back here.
         batch, steps, channels = rhs.shape
         fallback = plan_scan_diag(
-            batch, steps, channels, rhs.device, dtype=rhs.dtype, adjoint=grad_jac is not None
+            batch, steps, channels, rhs.device, dtype=rhs.dtype, adjoint=shift
         )
         _launcher(fallback)(
             jac, rhs, h0, out, fallback, reverse=reverse, shift=shift, prev=prev,
