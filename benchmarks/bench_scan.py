@@ -225,7 +225,8 @@ CHUNKED_VARIANTS = [
 ]
 
 
-# (block_t, block_d, num_warps, stages) of the streamed pass (TMA, compute capability >= 9.0).
+# (block_t, block_d, num_warps, stages) of the streamed pass (TMA, compute capability >= 9.0);
+# forward passes only: a streamed variant's adjoint column times the default adjoint plan.
 STREAMED_VARIANTS = [
     (64, 32, 1, 4),
     (32, 32, 1, 4),
