@@ -460,17 +460,13 @@ def _launch_diag_streamed(
     grad_jac: Tensor | None = None,
 ) -> None:
     tensors = (jac, rhs, out)
-    if (
-        shift
-        or grad_jac is not None
-        or not plain_eager()
-        or any(t.data_ptr() % _TMA_ALIGNMENT for t in tensors)
-    ):
+    if shift or not plain_eager() or any(t.data_ptr() % _TMA_ALIGNMENT for t in tensors):
         # Descriptors are built on the host per call, for real tensors at 16-byte aligned
         # addresses: traced calls (torch.compile, fake tensors) and misaligned views take the
         # default plan instead (the chunked walk alone would leave the GPU idle where B·D is
-        # small), as does an adjoint pass (which plan_scan_diag never plans streamed). No
-        # default plan is streamed, so this does not come back here.
+        # small). The kernel has no shifted (adjoint) pass, which plan_scan_diag never plans
+        # streamed; a hand-made plan gets the default too. No default plan is streamed, so
+        # this does not come back here.
         batch, steps, channels = rhs.shape
         fallback = plan_scan_diag(
             batch, steps, channels, rhs.device, dtype=rhs.dtype, adjoint=shift
