@@ -58,6 +58,7 @@ KERNEL_MODULES = (
     "pararnn_kernels.fused._kernels",
     "pararnn_kernels.fused._kernels_lstm",
     "pararnn_kernels.fused._kernels_slstm",
+    "pararnn_kernels.linear._kernels",
 )
 
 #: Tensor dtypes the launchers pass (storage dtypes, float32 workspaces, int32 flags).
@@ -305,12 +306,29 @@ def _fused_launches(rec: _Recorder) -> None:
                 _layer.sequential(spec, u, weights, None, block_d=None)
 
 
+def _linear_launches(rec: _Recorder) -> None:
+    from pararnn_kernels.linear import ops
+
+    # A projection's three GEMMs: the forward with its bias, the input gradient, and the weight
+    # gradient with the bias gradient's row sums (a split reduction).
+    x, weight, bias = torch.empty(1100, 96), torch.empty(200, 96), torch.empty(200)
+    grad_y = torch.empty(1100, 200)
+    for name, a, b, with_bias, row_sum in (
+        ("forward", x, weight.t(), True, False),
+        ("grad x", grad_y, weight, False, False),
+        ("grad weight", grad_y.t(), x, False, True),
+    ):
+        rec.origin = f"linear_tf32x3 {name}"
+        ops._matmul(a, b, bias if with_bias else None, row_sum=row_sum)
+
+
 def record_launches() -> list[Launch]:
     """Every kernel launch of the launchers' configurations, in order (with repeats)."""
     with _recording() as rec:
         _scan_diag_launches(rec)
         _scan_block_launches(rec)
         _fused_launches(rec)
+        _linear_launches(rec)
     return rec.launches
 
 

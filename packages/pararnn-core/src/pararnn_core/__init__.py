@@ -2,7 +2,8 @@
 
 * Cells: :class:`ParaGRU` (diagonal Jacobian), :class:`ParaLSTM` (2x2 blocks),
   :class:`ParaSLSTM` (3x3 blocks), and the protocol :class:`ParaCell` for your own
-  (Jacobian structures :class:`Diag`, :class:`Block`, :class:`Dense`).
+  (Jacobian structures :class:`Diag`, :class:`Block`, :class:`Dense`); their input projection
+  :class:`ProjectionLinear` (an ``nn.Linear`` whose float32 GPU GEMMs can run on tensor cores).
 * Solver: :func:`newton_apply` (parallel Newton, differentiable by eq. 2.6), :func:`sequential_apply`
   (the step-by-step reference), :class:`NewtonConfig`, :class:`NewtonStats` (a
   :class:`DeferredNewtonStats` with ``NewtonConfig(stats="deferred")``),
@@ -22,7 +23,15 @@ from .backends import (
     register_scan_backend,
     unregister_scan_backend,
 )
-from .cells import CellVJP, ParaCell, ParaGRU, ParaLSTM, ParaSLSTM, derive_jacobian
+from .cells import (
+    CellVJP,
+    ParaCell,
+    ParaGRU,
+    ParaLSTM,
+    ParaSLSTM,
+    ProjectionLinear,
+    derive_jacobian,
+)
 from .config import DeferredNewtonStats, NewtonConfig, NewtonDivergenceError, NewtonStats
 from .fused import fused_sequential_apply, has_fused_kernels
 from .module import ParaRNN
@@ -47,6 +56,7 @@ __all__ = [
     "ParaLSTM",
     "ParaRNN",
     "ParaSLSTM",
+    "ProjectionLinear",
     "ScanBackend",
     "Structure",
     "__version__",

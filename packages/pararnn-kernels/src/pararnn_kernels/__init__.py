@@ -4,12 +4,15 @@ Public ops (all differentiable, registered with ``torch.library``):
 
 * :func:`scan_diag` -- ``y_t = jac_t ⊙ y_{t-1} + rhs_t`` over ``[B, T, D]``.
 * :func:`scan_block_diag` -- ``y_t = jac_t @ y_{t-1} + rhs_t`` with ``k x k`` blocks per channel.
+* :func:`linear_tf32x3` -- a float32 ``x @ weight.T + bias`` on tensor cores to float32 accuracy
+  (the cells' input projections).
 
 Backends: ``"triton"``, ``"eager"`` (pure torch, log-depth; the oracle and the CPU path) and
 ``"auto"``. :mod:`pararnn_kernels.dispatch` decides backend and dtypes from the tensor's device.
 """
 
 from .dispatch import KNOWN_BACKENDS, resolve_scan_backend
+from .linear import linear_tf32x3
 from .scan import (
     MAX_TRITON_BLOCK,
     reference_scan_block_diag,
@@ -26,6 +29,7 @@ __all__ = [
     "KNOWN_BACKENDS",
     "MAX_TRITON_BLOCK",
     "__version__",
+    "linear_tf32x3",
     "reference_scan_block_diag",
     "reference_scan_diag",
     "resolve_scan_backend",

@@ -1,8 +1,10 @@
-"""Cells: the protocol (:class:`ParaCell`) and the built-in ParaGRU, ParaLSTM, ParaSLSTM."""
+"""Cells: the protocol (:class:`ParaCell`), the built-in ParaGRU, ParaLSTM, ParaSLSTM, and their
+input projection (:class:`ProjectionLinear`)."""
 
 from .base import CellVJP, ParaCell, derive_jacobian
 from .gru import ParaGRU
 from .lstm import ParaLSTM
+from .projection import ProjectionLinear
 from .slstm import EMPTY_LOG_NORMALISER, ParaSLSTM
 
 __all__ = [
@@ -12,5 +14,6 @@ __all__ = [
     "ParaGRU",
     "ParaLSTM",
     "ParaSLSTM",
+    "ProjectionLinear",
     "derive_jacobian",
 ]

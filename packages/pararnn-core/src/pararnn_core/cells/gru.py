@@ -11,6 +11,7 @@ from pararnn_kernels import scan_diag
 
 from ..structures import Diag
 from .base import ParaCell
+from .projection import ProjectionLinear
 
 __all__ = ["ParaGRU"]
 
@@ -44,7 +45,8 @@ class ParaGRU(ParaCell):
         device, dtype: as for ``torch.nn`` modules.
 
     Parameters:
-        proj: ``nn.Linear(d_in, 3 * d_h)``, gate order ``(z, r, c)``.
+        proj: ``ProjectionLinear(d_in, 3 * d_h)`` (an ``nn.Linear``; its ``backend``
+            picks the GEMM), gate order ``(z, r, c)``.
         recurrent_weight: ``[3, d_h]`` rows ``(a_z, a_r, a_c)``.
     """
 
@@ -57,7 +59,7 @@ class ParaGRU(ParaCell):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__(d_in=d_in, d_h=d_h, d_u=3 * d_h, structure=Diag())
-        self.proj = nn.Linear(d_in, 3 * d_h, device=device, dtype=dtype)
+        self.proj = ProjectionLinear(d_in, 3 * d_h, device=device, dtype=dtype)
         self.recurrent_weight = nn.Parameter(torch.empty(3, d_h, device=device, dtype=dtype))
         self.reset_recurrent_parameters()
 

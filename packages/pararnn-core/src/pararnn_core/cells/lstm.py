@@ -11,6 +11,7 @@ from pararnn_kernels import scan_diag
 
 from ..structures import Block
 from .base import ParaCell
+from .projection import ProjectionLinear
 
 __all__ = ["ParaLSTM"]
 
@@ -52,7 +53,8 @@ class ParaLSTM(ParaCell):
         device, dtype: as for ``torch.nn`` modules.
 
     Parameters:
-        proj: ``nn.Linear(d_in, 3 * d_h)``, gate order ``(f, z, o)``.
+        proj: ``ProjectionLinear(d_in, 3 * d_h)`` (an ``nn.Linear``; its ``backend``
+            picks the GEMM), gate order ``(f, z, o)``.
         recurrent_weight: ``[3, d_h]`` rows ``(a_f, a_z, a_o)``.
         peephole_weight: ``[2, d_h]`` rows ``(p_f, p_o)``.
     """
@@ -66,7 +68,7 @@ class ParaLSTM(ParaCell):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__(d_in=d_in, d_h=d_h, d_u=3 * d_h, structure=Block(2))
-        self.proj = nn.Linear(d_in, 3 * d_h, device=device, dtype=dtype)
+        self.proj = ProjectionLinear(d_in, 3 * d_h, device=device, dtype=dtype)
         self.recurrent_weight = nn.Parameter(torch.empty(3, d_h, device=device, dtype=dtype))
         self.peephole_weight = nn.Parameter(torch.empty(2, d_h, device=device, dtype=dtype))
         self.reset_recurrent_parameters()

@@ -12,6 +12,7 @@ from pararnn_kernels import scan_diag
 
 from ..structures import Block
 from .base import ParaCell
+from .projection import ProjectionLinear
 
 __all__ = ["EMPTY_LOG_NORMALISER", "ParaSLSTM"]
 
@@ -76,7 +77,8 @@ class ParaSLSTM(ParaCell):
         device, dtype: as for ``torch.nn`` modules.
 
     Parameters:
-        proj: ``nn.Linear(d_in, 4 * d_h)``, gate order ``(z, i, f, o)``.
+        proj: ``ProjectionLinear(d_in, 4 * d_h)`` (an ``nn.Linear``; its ``backend``
+            picks the GEMM), gate order ``(z, i, f, o)``.
         recurrent_weight: ``[4, d_h]`` rows ``(r_z, r_i, r_f, r_o)``.
     """
 
@@ -96,7 +98,7 @@ class ParaSLSTM(ParaCell):
             )
         super().__init__(d_in=d_in, d_h=d_h, d_u=4 * d_h, structure=Block(3))
         self.mix = mix
-        self.proj = nn.Linear(d_in, 4 * d_h, device=device, dtype=dtype)
+        self.proj = ProjectionLinear(d_in, 4 * d_h, device=device, dtype=dtype)
         self.recurrent_weight = nn.Parameter(torch.empty(4, d_h, device=device, dtype=dtype))
         self.reset_recurrent_parameters()
 

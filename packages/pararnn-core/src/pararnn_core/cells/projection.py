@@ -1,0 +1,45 @@
+"""The built-in cells' input projection: an ``nn.Linear`` that can run its float32 GPU GEMMs on
+the tensor cores to float32 accuracy (``pararnn_kernels.linear_tf32x3``).
+
+In float32 with PyTorch's default matmul precision, a cell layer's time at moderate widths is
+mostly its projection's three GEMMs (forward, and the input and weight gradients: 0.82 of a
+ParaGRU layer's 1.22 ms of GPU work at B = 8, T = 4096, d = 256 on an H200, docs/benchmarks.md),
+which PyTorch runs on the CUDA cores. Same parameters, ``state_dict`` and initialisation as
+``nn.Linear``; only where the product runs can differ.
+"""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from pararnn_kernels import linear_tf32x3
+
+__all__ = ["ProjectionLinear"]
+
+
+class ProjectionLinear(nn.Linear):
+    """``nn.Linear`` with a choice of GEMM: ``[..., in_features] -> [..., out_features]``.
+
+    ``backend`` (an attribute, per module):
+
+    * ``"eager"`` (the default for now): ``F.linear``, exactly ``nn.Linear``.
+    * ``"auto"``: :func:`pararnn_kernels.linear_tf32x3` -- float32 CUDA operands under PyTorch's
+      ``"highest"`` float32 matmul precision take the tensor-core kernel (three TF32 products
+      per product, float32 accuracy); everything else (other dtypes, the CPU,
+      ``torch.set_float32_matmul_precision("high")``, traced calls) is ``F.linear``. Not yet the
+      default: it waits for its GPU timings (``benchmarks/bench_projection.py``).
+    * ``"triton"``: the kernel, or ``ValueError`` where it cannot run.
+
+    Example:
+        >>> import pararnn_core as pc
+        >>> cell = pc.ParaGRU(64, 128)
+        >>> cell.proj.backend = "auto"  # float32 GPU projections on the tensor cores
+    """
+
+    backend: str = "eager"
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.backend == "eager":
+            return F.linear(x, self.weight, self.bias)
+        return linear_tf32x3(x, self.weight, self.bias, backend=self.backend)

@@ -1,0 +1,239 @@
+"""``linear_tf32x3``: a float32 linear layer's GEMMs on tensor cores, to float32 accuracy.
+
+PyTorch runs a float32 ``F.linear`` on the CUDA cores unless TF32 is allowed
+(``torch.set_float32_matmul_precision("high")``), and TF32 keeps 10 of float32's 23 mantissa
+bits. Here every float32 operand is split into a TF32 head and a TF32 tail (``x = x_hi + x_lo``)
+and each product is taken as ``x_hi y_hi + x_hi y_lo + x_lo y_hi`` on the tensor cores
+(``tl.dot(..., input_precision="tf32x3")``), accumulated in float32: about 22 of float32's 24 significant
+bits per product instead of TF32's 11, at the tensor cores' throughput. The weight and bias gradients
+come from one kernel (the bias gradient, a sum of the rows of ``∂L/∂y``, rides along the weight
+gradient's loads); a reduction that fills too few tiles is split along its length into slices
+summed afterwards in a fixed order, so the gradients are bitwise repeatable (no atomics).
+
+Traced calls (``torch.compile``, fake tensors) run ``F.linear``: the compiler picks its own GEMMs.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
+
+from .._launch import launchable, plain_eager
+from ..dispatch import (
+    KNOWN_BACKENDS,
+    ResolvedBackend,
+    device_capability,
+    multiprocessor_count,
+    triton_installed,
+    triton_interpret_mode,
+)
+
+__all__ = ["GemmPlan", "linear_tf32x3", "plan_gemm", "resolve_linear_backend"]
+
+#: Tensor cores with TF32 products: compute capability 8.0 (Ampere) on.
+_TF32_CAPABILITY = (8, 0)
+#: What the kernel reads by pointer: a tensor subclass (a DTensor, say) goes to F.linear.
+_PLAIN = (Tensor, nn.Parameter)
+#: A reduction is split only while each slice keeps at least this many steps of it.
+_MIN_SLICE = 512
+
+
+@dataclass(frozen=True)
+class GemmPlan:
+    """Launch shape of one GEMM: output tiles of ``block_m x block_n``, ``block_k`` of the
+    reduction per step, ``stages`` steps in flight, ``splits`` slices of the reduction."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    stages: int
+    splits: int
+
+
+def plan_gemm(m: int, n: int, k: int, device: torch.device) -> GemmPlan:
+    """The launch plan of ``[m, k] @ [k, n]``: 128 x 128 tiles, 32 steps of the reduction at a
+    time, eight warps, three stages; the reduction split into slices (of at least
+    :data:`_MIN_SLICE` steps) while the tiles fill fewer than two waves of the device's
+    multiprocessors (the weight gradient, whose reduction runs over every row of the batch)."""
+    block_m = block_n = 128
+    tiles = math.ceil(m / block_m) * math.ceil(n / block_n)
+    waves = 2 * multiprocessor_count(device)
+    splits = max(1, min(math.ceil(waves / tiles), k // _MIN_SLICE)) if tiles < waves else 1
+    return GemmPlan(block_m, block_n, 32, 8, 3, splits)
+
+
+@functools.cache
+def _kernel() -> Any:
+    # Imported on first use: importing this module compiles nothing and needs no Triton.
+    from ._kernels import matmul_kernel
+
+    return matmul_kernel
+
+
+def _matmul(
+    a: Tensor, b: Tensor, bias: Tensor | None = None, *, row_sum: bool = False
+) -> tuple[Tensor, Tensor | None]:
+    """``a [M, K] @ b [K, N] (+ bias [N])`` in float32 by the tf32x3 kernel, and with
+    ``row_sum`` also ``a.sum(1)`` ``[M]``; operands of any strides."""
+    m, k = a.shape
+    n = b.shape[1]
+    plan = plan_gemm(m, n, k, a.device)
+    per_slice = math.ceil(math.ceil(k / plan.splits) / plan.block_k) * plan.block_k
+    splits = math.ceil(k / per_slice)
+    out = torch.empty((splits, m, n), device=a.device, dtype=torch.float32)
+    sums = torch.empty((splits, m), device=a.device, dtype=torch.float32) if row_sum else None
+    grid = (math.ceil(m / plan.block_m) * math.ceil(n / plan.block_n), splits)
+    launchable(_kernel())[grid](
+        a, b, out, bias if bias is not None else out, sums if sums is not None else out,
+        m, n, k, per_slice,
+        a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+        out.stride(0), out.stride(1), out.stride(2),
+        HAS_BIAS=bias is not None, ROW_SUM=row_sum, BLOCK_M=plan.block_m,
+        BLOCK_N=plan.block_n, BLOCK_K=plan.block_k, GROUP_M=8, PRECISION="tf32x3",
+        STAGES=plan.stages, num_warps=plan.num_warps,
+    )  # fmt: skip
+    if splits == 1:
+        return out[0], None if sums is None else sums[0]
+    return out.sum(0), None if sums is None else sums.sum(0)
+
+
+class _LinearTF32x3(torch.autograd.Function):
+    """``y = x Wᵀ + b`` on ``x [M, K]``; backward ``∂L/∂x = ∂L/∂y W``,
+    ``∂L/∂W = (∂L/∂y)ᵀ x``, ``∂L/∂b = Σ_rows ∂L/∂y`` (the last two from one kernel)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        y, _ = _matmul(x, weight.t(), bias)
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad_y: Tensor) -> tuple[Tensor | None, ...]:
+        x, weight = ctx.saved_tensors
+        grad_y = grad_y.contiguous()
+        grad_x = _matmul(grad_y, weight)[0] if ctx.needs_input_grad[0] else None
+        grad_w = grad_b = None
+        if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
+            grad_w, grad_b = _matmul(grad_y.t(), x, row_sum=ctx.has_bias)
+        return grad_x, grad_w, grad_b if ctx.has_bias else None
+
+
+def resolve_linear_backend(
+    backend: str, x: Tensor, weight: Tensor, bias: Tensor | None
+) -> ResolvedBackend:
+    """``"triton"`` (the tf32x3 kernel) or ``"eager"`` (``F.linear``) for these operands.
+
+    ``"auto"`` takes the kernel for float32 CUDA operands on compute capability >= 8.0 while
+    PyTorch's float32 matmul precision is ``"highest"`` (under ``"high"`` or ``"medium"`` the
+    caller has asked for TF32 or bfloat16 products, which ``F.linear`` then gives, faster), in
+    plain eager mode, with no empty dimension, on plain tensors or parameters (a tensor
+    subclass such as a ``DTensor`` has no single storage to read); ``"eager"`` otherwise.
+
+    Raises:
+        ValueError: an unknown backend name, or ``"triton"`` for operands it cannot serve
+            (naming what is missing).
+    """
+    if backend not in KNOWN_BACKENDS:
+        known = ", ".join(repr(name) for name in KNOWN_BACKENDS)
+        raise ValueError(f"backend must be one of {known}; got {backend!r}")
+    if backend == "eager":
+        return "eager"
+    operands = (x, weight) if bias is None else (x, weight, bias)
+    problem = None
+    if not triton_installed():
+        problem = "the 'triton' package, which is not installed"
+    elif x.device.type != "cuda" and not triton_interpret_mode():
+        problem = f"CUDA tensors (or TRITON_INTERPRET=1), got device {x.device}"
+    elif any(t.dtype != torch.float32 for t in operands):
+        dtypes = ", ".join(str(t.dtype) for t in operands)
+        problem = f"float32 operands, got {dtypes}"
+    elif (device_capability(x.device) or _TF32_CAPABILITY) < _TF32_CAPABILITY:
+        major, minor = device_capability(x.device) or (0, 0)
+        problem = f"compute capability >= 8.0 (TF32 tensor cores), {x.device} has {major}.{minor}"
+    elif x.numel() == 0 or weight.numel() == 0:
+        problem = f"non-empty operands, got x {tuple(x.shape)}, weight {tuple(weight.shape)}"
+    elif any(type(t) not in _PLAIN for t in operands):
+        kinds = ", ".join(type(t).__name__ for t in operands)
+        problem = f"plain tensors or parameters (not tensor subclasses), got {kinds}"
+    if backend == "triton":
+        if problem is not None:
+            raise ValueError(f"backend='triton' needs {problem}; use backend='eager' or 'auto'")
+        return "triton"
+    if problem is not None or x.device.type != "cuda" or not plain_eager():
+        return "eager"
+    return "triton" if torch.get_float32_matmul_precision() == "highest" else "eager"
+
+
+def _check_linear_inputs(x: object, weight: object, bias: object) -> tuple[Tensor, Tensor]:
+    for name, value in (("x", x), ("weight", weight), ("bias", bias)):
+        if not isinstance(value, Tensor) and (name != "bias" or value is not None):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if not isinstance(x, Tensor) or not isinstance(weight, Tensor):  # for the type checker
+        raise TypeError("x and weight must be tensors")
+    if weight.dim() != 2:
+        raise ValueError(
+            f"weight must have 2 dimensions [d_out, d_in], got shape {tuple(weight.shape)}"
+        )
+    if x.dim() < 1 or x.shape[-1] != weight.shape[1]:
+        raise ValueError(
+            f"x must have shape [..., d_in] with d_in = weight.shape[1] = {weight.shape[1]}, "
+            f"got {tuple(x.shape)}"
+        )
+    if isinstance(bias, Tensor) and tuple(bias.shape) != (weight.shape[0],):
+        raise ValueError(
+            f"bias must have shape [d_out] = ({weight.shape[0]},), got {tuple(bias.shape)}"
+        )
+    for name, value in (("weight", weight), ("bias", bias)):
+        if isinstance(value, Tensor) and value.device != x.device:
+            raise ValueError(f"{name} must be on x's device {x.device}, got {value.device}")
+    return x, weight
+
+
+def linear_tf32x3(
+    x: Tensor, weight: Tensor, bias: Tensor | None = None, *, backend: str = "auto"
+) -> Tensor:
+    """``x @ weight.T + bias`` for float32 operands, its products taken on the tensor cores as
+    three TF32 products each (module docstring), accumulated in float32; differentiable in all
+    three (the backward's GEMMs the same way).
+
+    Args:
+        x: ``[..., d_in]``.
+        weight: ``[d_out, d_in]``.
+        bias: ``[d_out]`` or None.
+        backend: ``"auto"`` (the kernel where :func:`resolve_linear_backend` allows it,
+            ``F.linear`` elsewhere), ``"triton"`` (the kernel, or ``ValueError``) or ``"eager"``
+            (``F.linear``).
+
+    Returns:
+        ``[..., d_out]`` in float32 (``F.linear``'s dtype on the eager path). The GPU tests
+        bound its error against a float64 product by four times that of PyTorch's IEEE float32
+        GEMM on the same operands (``docs/kernels.md``).
+
+    Example:
+        >>> import torch
+        >>> from pararnn_kernels import linear_tf32x3
+        >>> linear_tf32x3(torch.ones(2, 3), torch.ones(4, 3), torch.zeros(4)).shape
+        torch.Size([2, 4])
+    """
+    x, weight = _check_linear_inputs(x, weight, bias)
+    if resolve_linear_backend(backend, x, weight, bias) == "eager":
+        return F.linear(x, weight, bias)
+    rows = x.reshape(-1, x.shape[-1])
+    needs_grad = torch.is_grad_enabled() and (
+        x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
+    )
+    if needs_grad:
+        y: Tensor = _LinearTF32x3.apply(rows, weight, bias)
+    else:
+        y = _matmul(rows, weight.t(), bias)[0]
+    return y.reshape(*x.shape[:-1], weight.shape[0])
