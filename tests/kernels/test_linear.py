@@ -12,7 +12,7 @@ from torch import Tensor
 
 from pararnn_kernels import linear_tf32x3
 from pararnn_kernels.dispatch import triton_interpret_mode
-from pararnn_kernels.linear import plan_gemm, resolve_linear_backend
+from pararnn_kernels.linear import AUTO_MIN_ROWS, plan_gemm, resolve_linear_backend
 from pararnn_kernels.testing import assert_close
 
 from .conftest import needs_cuda, needs_interpreter
@@ -141,14 +141,17 @@ def test_auto_takes_f_linear_off_the_gpu_and_for_other_dtypes() -> None:
 @pytest.mark.cuda
 @needs_cuda
 def test_auto_follows_the_float32_matmul_precision() -> None:
-    """Under ``"highest"`` float32 CUDA operands take the kernel; under ``"high"`` (TF32 asked
-    for) ``F.linear``; bfloat16 always ``F.linear``."""
-    x, weight = torch.randn(4, 6, device="cuda"), torch.randn(5, 6, device="cuda")
+    """Under ``"highest"`` float32 CUDA operands of AUTO_MIN_ROWS rows or more take the kernel;
+    fewer rows, ``"high"`` (TF32 asked for) and bfloat16 take ``F.linear``."""
+    x = torch.randn(2, AUTO_MIN_ROWS // 2, 6, device="cuda")
+    weight = torch.randn(5, 6, device="cuda")
     previous = torch.get_float32_matmul_precision()
     try:
         torch.set_float32_matmul_precision("highest")
         expected = "triton" if torch.cuda.get_device_capability() >= (8, 0) else "eager"
         assert resolve_linear_backend("auto", x, weight, None) == expected
+        # A few rows (a decoding step's projection): F.linear.
+        assert resolve_linear_backend("auto", x[:, :3], weight, None) == "eager"
         torch.set_float32_matmul_precision("high")
         assert resolve_linear_backend("auto", x, weight, None) == "eager"
     finally:

@@ -35,12 +35,21 @@ from ..dispatch import (
     triton_interpret_mode,
 )
 
-__all__ = ["GemmPlan", "linear_tf32x3", "plan_gemm", "resolve_linear_backend"]
+__all__ = [
+    "AUTO_MIN_ROWS",
+    "GemmPlan",
+    "linear_tf32x3",
+    "plan_gemm",
+    "resolve_linear_backend",
+]
 
 #: Tensor cores with TF32 products: compute capability 8.0 (Ampere) on.
 _TF32_CAPABILITY = (8, 0)
 #: What the kernel reads by pointer: a tensor subclass (a DTensor, say) goes to F.linear.
 _PLAIN = (Tensor, nn.Parameter)
+#: ``"auto"`` leaves products of fewer rows to ``F.linear``: a one-step projection while
+#: decoding is a few rows, where a 128-row tile would compute mostly padding.
+AUTO_MIN_ROWS = 1024
 #: A reduction is split only while each slice keeps at least this many steps of it.
 _MIN_SLICE = 512
 
@@ -137,7 +146,8 @@ def resolve_linear_backend(
     PyTorch's float32 matmul precision is ``"highest"`` (under ``"high"`` or ``"medium"`` the
     caller has asked for TF32 or bfloat16 products, which ``F.linear`` then gives, faster), in
     plain eager mode, with no empty dimension, on plain tensors or parameters (a tensor
-    subclass such as a ``DTensor`` has no single storage to read); ``"eager"`` otherwise.
+    subclass such as a ``DTensor`` has no single storage to read), for at least
+    :data:`AUTO_MIN_ROWS` rows of ``x`` (``x.numel() / d_in``); ``"eager"`` otherwise.
 
     Raises:
         ValueError: an unknown backend name, or ``"triton"`` for operands it cannot serve
@@ -170,6 +180,8 @@ def resolve_linear_backend(
             raise ValueError(f"backend='triton' needs {problem}; use backend='eager' or 'auto'")
         return "triton"
     if problem is not None or x.device.type != "cuda" or not plain_eager():
+        return "eager"
+    if x.numel() < AUTO_MIN_ROWS * x.shape[-1]:
         return "eager"
     return "triton" if torch.get_float32_matmul_precision() == "highest" else "eager"
 
