@@ -2,10 +2,11 @@
 
 On one CUDA GPU, under PyTorch's default ``"highest"`` float32 matmul precision:
 
-1. The three GEMMs of a projection ``[B·T, d] -> [B·T, G·d]`` (forward with its bias, ∂L/∂x,
-   ∂L/∂W with ∂L/∂b): PyTorch in IEEE float32 (the bias gradient as ``sum(0)`` beside it),
-   PyTorch in TF32, and the tf32x3 kernel; ``do_bench`` medians in µs, each one's largest error
-   against a float64 product relative to the product's largest element, and the kernel's plan.
+1. The two GEMMs of a projection ``[B·T, d] -> [B·T, 3d]`` that the kernel runs (the forward,
+   and ∂L/∂x with the weight copied to be contiguous along the reduction): PyTorch in IEEE
+   float32, PyTorch in TF32, and the tf32x3 kernel; ``do_bench`` medians in µs, each one's
+   largest error against a float64 product relative to the product's largest element, and the
+   kernel's plan.
 2. A layer's forward+backward (``newton_apply`` with the fused kernels, ``cell.output``), each
    captured in a CUDA graph and replayed (``stats="device"``), with ``proj.backend = "eager"``
    (``F.linear``) and ``"auto"`` (the kernel), and cuDNN's ``nn.GRU``/``nn.LSTM`` of the same
@@ -40,24 +41,20 @@ def relative_error(got: Tensor, want: Tensor) -> float:
     return float((got.double() - want).abs().max()) / max(float(want.abs().max()), 1e-30)
 
 
-def time_gemm(name: str, a: Tensor, b: Tensor, row_sum: bool, grad_y: Tensor) -> None:
-    """One GEMM ``a @ b`` three ways (PyTorch float32, PyTorch TF32, the kernel); prints a line."""
+def time_gemm(name: str, a: Tensor, b: Tensor, ours: Callable[[], Tensor]) -> None:
+    """``a @ b`` by PyTorch in float32 and in TF32, and ``ours()`` (the kernel's way of the same
+    product); prints a line."""
     want = a.double() @ b.double()
     torch.backends.cuda.matmul.allow_tf32 = False
     ieee_us, ieee_err = median_us(lambda: a @ b), relative_error(a @ b, want)
-    bias_us = f" + sum(0) {median_us(lambda: grad_y.sum(0)):.1f}" if row_sum else ""
     torch.backends.cuda.matmul.allow_tf32 = True
     tf32_us, tf32_err = median_us(lambda: a @ b), relative_error(a @ b, want)
     torch.backends.cuda.matmul.allow_tf32 = False
-
-    def ours() -> tuple[Tensor, Tensor | None]:
-        return ops._matmul(a, b, row_sum=row_sum)
-
-    ours_us, ours_err = median_us(ours), relative_error(ours()[0], want)
+    ours_us, ours_err = median_us(ours), relative_error(ours(), want)
     plan = ops.plan_gemm(a.shape[0], b.shape[1], a.shape[1], a.device)
     print(
         f"GEMM [{a.shape[0]}, {a.shape[1]}] @ [{b.shape[0]}, {b.shape[1]}] {name}: "
-        f"float32 {ieee_us:.1f}{bias_us} us (error {ieee_err:.1e}), TF32 {tf32_us:.1f} us "
+        f"float32 {ieee_us:.1f} us (error {ieee_err:.1e}), TF32 {tf32_us:.1f} us "
         f"({tf32_err:.1e}), tf32x3 {ours_us:.1f} us ({ours_err:.1e}), "
         f"{ieee_us / ours_us:.2f}x; {plan}",
         flush=True,
@@ -65,12 +62,15 @@ def time_gemm(name: str, a: Tensor, b: Tensor, row_sum: bool, grad_y: Tensor) ->
 
 
 def gemms(rows: int, width: int, gates: int, dev: torch.device) -> None:
+    """The two GEMMs of a projection that the kernel runs: the forward, and ∂L/∂x with the
+    weight copied to be contiguous along the reduction (the copy timed with it)."""
     x = torch.randn(rows, width, device=dev)
     weight = torch.randn(gates * width, width, device=dev) / width**0.5
     grad_y = torch.randn(rows, gates * width, device=dev)
-    time_gemm("forward x Wᵀ", x, weight.t(), False, grad_y)
-    time_gemm("∂L/∂x = g W", grad_y, weight, False, grad_y)
-    time_gemm("∂L/∂W = gᵀ x (+ ∂L/∂b)", grad_y.t(), x, True, grad_y)
+    time_gemm("forward x Wᵀ", x, weight.t(), lambda: ops._matmul(x, weight.t()))
+    time_gemm(
+        "∂L/∂x = g W", grad_y, weight, lambda: ops._matmul(grad_y, weight.t().contiguous().t())
+    )
 
 
 def time_layer(name: str, x: Tensor, cotangent: Tensor) -> None:

@@ -309,17 +309,16 @@ def _fused_launches(rec: _Recorder) -> None:
 def _linear_launches(rec: _Recorder) -> None:
     from pararnn_kernels.linear import ops
 
-    # A projection's three GEMMs: the forward with its bias, the input gradient, and the weight
-    # gradient with the bias gradient's row sums (a split reduction).
+    # A projection's forward (with its bias) and input gradient (the weight copied to be
+    # contiguous along the reduction, as the backward does), and a split reduction.
     x, weight, bias = torch.empty(1100, 96), torch.empty(200, 96), torch.empty(200)
     grad_y = torch.empty(1100, 200)
-    for name, a, b, with_bias, row_sum in (
-        ("forward", x, weight.t(), True, False),
-        ("grad x", grad_y, weight, False, False),
-        ("grad weight", grad_y.t(), x, False, True),
-    ):
-        rec.origin = f"linear_tf32x3 {name}"
-        ops._matmul(a, b, bias if with_bias else None, row_sum=row_sum)
+    rec.origin = "linear_tf32x3 forward"
+    ops._matmul(x, weight.t(), bias)
+    rec.origin = "linear_tf32x3 grad x"
+    ops._matmul(grad_y, weight.t().contiguous().t())
+    rec.origin = "linear_tf32x3 split reduction"
+    ops._matmul(torch.empty(20, 1100), torch.empty(24, 1100).t())
 
 
 def record_launches() -> list[Launch]:

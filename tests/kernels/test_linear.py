@@ -83,8 +83,7 @@ def test_linear_matches_float64(
     ieee_float32: None,
 ) -> None:
     """Forward and the gradients of x, weight and bias against float64; on the GPU within
-    IEEE_FACTOR times PyTorch's IEEE float32 GEMM's error on the same operands (the weight
-    gradient of the larger shapes runs as a split reduction there)."""
+    IEEE_FACTOR times PyTorch's IEEE float32 GEMM's error on the same operands."""
     if device == "cpu" and x_shape[-2] >= 1000:
         pytest.skip("keeps the interpreter run short")
     x = torch.randn(*x_shape, device=device)
@@ -101,13 +100,13 @@ def test_linear_matches_float64(
 
 @needs_interpreter
 def test_split_reduction_matches_float64(poisoned: None) -> None:
-    """A weight gradient whose reduction (1100 rows) fills too few tiles is split into slices
-    (the interpreter counts 4 multiprocessors), the last one partial; its sum is the same."""
-    x = torch.randn(1100, 20)
-    weight = torch.randn(24, 20)
+    """A product with few output tiles and a long reduction (1100 inputs) is split into slices
+    (the interpreter counts 4 multiprocessors), the last one partial; their sum is the same."""
+    x = torch.randn(20, 1100)
+    weight = torch.randn(24, 1100)
     bias = torch.randn(24)
-    assert plan_gemm(24, 20, 1100, x.device).splits == 2
-    grad_y = torch.randn(1100, 24)
+    assert plan_gemm(20, 24, 1100, x.device).splits == 2
+    grad_y = torch.randn(20, 24)
     got = _linear_with_grads(x, weight, bias, grad_y, dtype=torch.float32, backend="triton")
     want = _linear_with_grads(x, weight, bias, grad_y, dtype=torch.float64, backend="eager")
     for name, g, w in zip(NAMES, got, want, strict=True):
@@ -184,21 +183,24 @@ def test_bad_inputs_name_the_argument() -> None:
 
 @pytest.mark.cuda
 @needs_cuda
-def test_gpu_gradients_are_bitwise_repeatable() -> None:
-    """The split weight gradient sums its slices in a fixed order: the same bits every time."""
-    x = torch.randn(8 * 4096, 256, device="cuda")
-    weight = torch.randn(768, 256, device="cuda", requires_grad=True)
-    bias = torch.randn(768, device="cuda", requires_grad=True)
-    grad_y = torch.randn(8 * 4096, 768, device="cuda")
-    assert plan_gemm(768, 256, 8 * 4096, x.device).splits > 1
+def test_gpu_results_are_bitwise_repeatable() -> None:
+    """A split reduction sums its slices in a fixed order: the same bits every time, forward and
+    every gradient."""
+    x = torch.randn(512, 16384, device="cuda", requires_grad=True)
+    weight = torch.randn(128, 16384, device="cuda", requires_grad=True)
+    bias = torch.randn(128, device="cuda", requires_grad=True)
+    grad_y = torch.randn(512, 128, device="cuda")
+    assert plan_gemm(512, 128, 16384, x.device).splits > 1
 
-    def grads() -> tuple[Tensor, Tensor]:
-        weight.grad = bias.grad = None
-        linear_tf32x3(x, weight, bias, backend="triton").backward(grad_y)
-        assert weight.grad is not None and bias.grad is not None
-        return weight.grad, bias.grad
+    def run() -> list[Tensor]:
+        x.grad = weight.grad = bias.grad = None
+        y = linear_tf32x3(x, weight, bias, backend="triton")
+        y.backward(grad_y)
+        grads = [x.grad, weight.grad, bias.grad]
+        assert all(g is not None for g in grads)
+        return [y.detach(), *(g for g in grads if g is not None)]
 
-    first = grads()
+    first = run()
     for _ in range(10):
-        for got, want in zip(grads(), first, strict=True):
-            assert torch.equal(got, want)
+        for name, got, want in zip(NAMES, run(), first, strict=True):
+            assert torch.equal(got, want), name

@@ -4,9 +4,8 @@
 slice unless asked), each product taken by ``tl.dot`` with ``PRECISION`` (``"tf32x3"``: every
 float32 operand split into a TF32 head and a TF32 tail, three tensor-core products, the tail
 times tail one dropped; ``"ieee"``: plain float32 FMAs), accumulated in float32. Operands are
-addressed by strides, so transposed views need no copy. Optionally the bias is added to every
-row (one slice only), and the rows of ``A`` are summed over each slice (``ROW_SUM``: the bias
-gradient of a linear layer rides along its weight gradient, ``∂L/∂b = Σ_rows ∂L/∂y``).
+addressed by strides; tiles contiguous along the reduction (``stride_ak == stride_bk == 1``)
+are the fast ones. Optionally the bias is added to every row (one slice only).
 """
 
 import triton
@@ -19,7 +18,6 @@ def matmul_kernel(
     b,
     c,
     bias,
-    row_sum,
     M,
     N,
     K,
@@ -32,7 +30,6 @@ def matmul_kernel(
     stride_cm,
     stride_cn,
     HAS_BIAS: tl.constexpr,
-    ROW_SUM: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -51,38 +48,36 @@ def matmul_kernel(
     group_rows = tl.minimum(blocks_m - first_m, GROUP_M)
     pid_m = first_m + (pid % per_group) % group_rows
     pid_n = (pid % per_group) // group_rows
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_ok = rows < M
-    col_ok = cols < N
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    sums = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    m0 = pid_m * BLOCK_M
+    n0 = pid_n * BLOCK_N
+    local_rows = tl.arange(0, BLOCK_M)
+    local_cols = tl.arange(0, BLOCK_N)
+    steps = tl.arange(0, BLOCK_K)
+    row_ok = m0 + local_rows < M
+    col_ok = n0 + local_cols < N
     k_start = split * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
+    # A tile's corner is addressed in 64 bits (an operand may hold 2^31 elements or more) and
+    # advances one block of the reduction per step; offsets inside a tile stay 32-bit.
+    a_corner = a + m0.to(tl.int64) * stride_am + k_start.to(tl.int64) * stride_ak
+    b_corner = b + k_start.to(tl.int64) * stride_bk + n0.to(tl.int64) * stride_bn
+    a_offsets = local_rows[:, None] * stride_am + steps[None, :] * stride_ak
+    b_offsets = steps[:, None] * stride_bk + local_cols[None, :] * stride_bn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in tl.range(k_start, k_end, BLOCK_K, num_stages=STAGES):
-        ks = k + tl.arange(0, BLOCK_K)
-        k_ok = ks < k_end
-        a_tile = tl.load(
-            a + rows[:, None] * stride_am + ks[None, :] * stride_ak,
-            mask=row_ok[:, None] & k_ok[None, :],
-            other=0.0,
-        )
-        b_tile = tl.load(
-            b + ks[:, None] * stride_bk + cols[None, :] * stride_bn,
-            mask=k_ok[:, None] & col_ok[None, :],
-            other=0.0,
-        )
+        k_ok = k + steps < k_end
+        a_tile = tl.load(a_corner + a_offsets, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        b_tile = tl.load(b_corner + b_offsets, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
         acc = tl.dot(a_tile, b_tile, acc, input_precision=PRECISION)
-        if ROW_SUM:
-            sums += tl.sum(a_tile, axis=1)
+        a_corner += BLOCK_K * stride_ak
+        b_corner += BLOCK_K * stride_bk
     if HAS_BIAS:
-        acc += tl.load(bias + cols, mask=col_ok, other=0.0)[None, :]
+        # The first slice of a split reduction carries the bias; the others add zeros.
+        bias_row = tl.load(bias + n0 + local_cols, mask=col_ok, other=0.0)
+        acc += tl.where(split == 0, bias_row, 0.0)[None, :]
+    c_corner = c + split.to(tl.int64) * stride_cs + m0.to(tl.int64) * stride_cm + n0 * stride_cn
     tl.store(
-        c + split * stride_cs + rows[:, None] * stride_cm + cols[None, :] * stride_cn,
+        c_corner + local_rows[:, None] * stride_cm + local_cols[None, :] * stride_cn,
         acc,
         mask=row_ok[:, None] & col_ok[None, :],
     )
-    if ROW_SUM:  # noqa: SIM102 (a compile-time branch around a run-time one)
-        # Every column block sums the same rows; the first one writes them.
-        if pid_n == 0:
-            tl.store(row_sum + split * M + rows, sums, mask=row_ok)

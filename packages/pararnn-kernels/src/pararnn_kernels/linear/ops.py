@@ -4,11 +4,16 @@ PyTorch runs a float32 ``F.linear`` on the CUDA cores unless TF32 is allowed
 (``torch.set_float32_matmul_precision("high")``), and TF32 keeps 10 of float32's 23 mantissa
 bits. Here every float32 operand is split into a TF32 head and a TF32 tail (``x = x_hi + x_lo``)
 and each product is taken as ``x_hi y_hi + x_hi y_lo + x_lo y_hi`` on the tensor cores
-(``tl.dot(..., input_precision="tf32x3")``), accumulated in float32: about 22 of float32's 24 significant
-bits per product instead of TF32's 11, at the tensor cores' throughput. The weight and bias gradients
-come from one kernel (the bias gradient, a sum of the rows of ``∂L/∂y``, rides along the weight
-gradient's loads); a reduction that fills too few tiles is split along its length into slices
-summed afterwards in a fixed order, so the gradients are bitwise repeatable (no atomics).
+(``tl.dot(..., input_precision="tf32x3")``), accumulated in float32: about 22 of float32's 24
+significant bits per product instead of TF32's 11, at the tensor cores' throughput.
+
+The tensor cores' float32 products read tiles that are contiguous along the reduction: the
+forward ``x Wᵀ`` has both operands so, and ``∂L/∂x = ∂L/∂y W`` does once the (small) weight is
+copied to that layout. The weight gradient ``(∂L/∂y)ᵀ x`` reduces over the rows of both, which
+neither is contiguous along, and the kernel ran it at 0.61x PyTorch's float32 GEMM on an H100
+(docs/benchmarks.md): the weight and bias gradients stay PyTorch's. A reduction that fills too
+few output tiles is split along its length into slices summed afterwards in a fixed order
+(no atomics: repeatable to the bit).
 
 Traced calls (``torch.compile``, fake tensors) run ``F.linear``: the compiler picks its own GEMMs.
 """
@@ -71,7 +76,7 @@ def plan_gemm(m: int, n: int, k: int, device: torch.device) -> GemmPlan:
     """The launch plan of ``[m, k] @ [k, n]``: 128 x 128 tiles, 32 steps of the reduction at a
     time, eight warps, three stages; the reduction split into slices (of at least
     :data:`_MIN_SLICE` steps) while the tiles fill fewer than two waves of the device's
-    multiprocessors (the weight gradient, whose reduction runs over every row of the batch)."""
+    multiprocessors (few rows and columns over a long reduction)."""
     block_m = block_n = 128
     tiles = math.ceil(m / block_m) * math.ceil(n / block_n)
     waves = 2 * multiprocessor_count(device)
@@ -87,54 +92,52 @@ def _kernel() -> Any:
     return matmul_kernel
 
 
-def _matmul(
-    a: Tensor, b: Tensor, bias: Tensor | None = None, *, row_sum: bool = False
-) -> tuple[Tensor, Tensor | None]:
-    """``a [M, K] @ b [K, N] (+ bias [N])`` in float32 by the tf32x3 kernel, and with
-    ``row_sum`` also ``a.sum(1)`` ``[M]``; operands of any strides."""
+def _matmul(a: Tensor, b: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``a [M, K] @ b [K, N] (+ bias [N])`` in float32 by the tf32x3 kernel; operands of any
+    strides (fast when both are contiguous along K: ``a.stride(1) == b.stride(0) == 1``)."""
     m, k = a.shape
     n = b.shape[1]
     plan = plan_gemm(m, n, k, a.device)
     per_slice = math.ceil(math.ceil(k / plan.splits) / plan.block_k) * plan.block_k
     splits = math.ceil(k / per_slice)
     out = torch.empty((splits, m, n), device=a.device, dtype=torch.float32)
-    sums = torch.empty((splits, m), device=a.device, dtype=torch.float32) if row_sum else None
     grid = (math.ceil(m / plan.block_m) * math.ceil(n / plan.block_n), splits)
     launchable(_kernel())[grid](
-        a, b, out, bias if bias is not None else out, sums if sums is not None else out,
+        a, b, out, bias if bias is not None else out,
         m, n, k, per_slice,
         a.stride(0), a.stride(1), b.stride(0), b.stride(1),
         out.stride(0), out.stride(1), out.stride(2),
-        HAS_BIAS=bias is not None, ROW_SUM=row_sum, BLOCK_M=plan.block_m,
-        BLOCK_N=plan.block_n, BLOCK_K=plan.block_k, GROUP_M=8, PRECISION="tf32x3",
-        STAGES=plan.stages, num_warps=plan.num_warps,
+        HAS_BIAS=bias is not None, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n,
+        BLOCK_K=plan.block_k, GROUP_M=8, PRECISION="tf32x3", STAGES=plan.stages,
+        num_warps=plan.num_warps,
     )  # fmt: skip
-    if splits == 1:
-        return out[0], None if sums is None else sums[0]
-    return out.sum(0), None if sums is None else sums.sum(0)
+    return out[0] if splits == 1 else out.sum(0)
 
 
 class _LinearTF32x3(torch.autograd.Function):
-    """``y = x Wᵀ + b`` on ``x [M, K]``; backward ``∂L/∂x = ∂L/∂y W``,
-    ``∂L/∂W = (∂L/∂y)ᵀ x``, ``∂L/∂b = Σ_rows ∂L/∂y`` (the last two from one kernel)."""
+    """``y = x Wᵀ + b`` on ``x [M, K]`` by the kernel; backward ``∂L/∂x = ∂L/∂y W`` by the
+    kernel (on a copy of W contiguous along its rows' reduction), ``∂L/∂W = (∂L/∂y)ᵀ x`` and
+    ``∂L/∂b = Σ_rows ∂L/∂y`` by PyTorch (module docstring)."""
 
     @staticmethod
     def forward(ctx: Any, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
-        y, _ = _matmul(x, weight.t(), bias)
-        return y
+        return _matmul(x, weight.t(), bias)
 
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad_y: Tensor) -> tuple[Tensor | None, ...]:
         x, weight = ctx.saved_tensors
         grad_y = grad_y.contiguous()
-        grad_x = _matmul(grad_y, weight)[0] if ctx.needs_input_grad[0] else None
-        grad_w = grad_b = None
-        if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
-            grad_w, grad_b = _matmul(grad_y.t(), x, row_sum=ctx.has_bias)
-        return grad_x, grad_w, grad_b if ctx.has_bias else None
+        grad_x = grad_w = grad_b = None
+        if ctx.needs_input_grad[0]:
+            grad_x = _matmul(grad_y, weight.t().contiguous().t())
+        if ctx.needs_input_grad[1]:
+            grad_w = grad_y.t().mm(x)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_b = grad_y.sum(0)
+        return grad_x, grad_w, grad_b
 
 
 def resolve_linear_backend(
@@ -216,7 +219,7 @@ def linear_tf32x3(
 ) -> Tensor:
     """``x @ weight.T + bias`` for float32 operands, its products taken on the tensor cores as
     three TF32 products each (module docstring), accumulated in float32; differentiable in all
-    three (the backward's GEMMs the same way).
+    three (``∂L/∂x`` the same way; the weight and bias gradients by PyTorch).
 
     Args:
         x: ``[..., d_in]``.
@@ -247,5 +250,5 @@ def linear_tf32x3(
     if needs_grad:
         y: Tensor = _LinearTF32x3.apply(rows, weight, bias)
     else:
-        y = _matmul(rows, weight.t(), bias)[0]
+        y = _matmul(rows, weight.t(), bias)
     return y.reshape(*x.shape[:-1], weight.shape[0])
