@@ -24,6 +24,7 @@ from collections.abc import Callable
 
 import torch
 import triton.testing
+from host_calls import layer_calls  # the same layer calls, from this folder
 from torch import Tensor, nn
 
 import pararnn_core as pc
@@ -78,16 +79,8 @@ def time_layer(name: str, x: Tensor, cotangent: Tensor) -> None:
     cls, cudnn_cls = CELLS[name]
     width = x.shape[-1]
     cell = cls(width, width).to(x.device)
-    params = list(cell.parameters())
     config = pc.NewtonConfig(scan_backend="fused", stats="device")
-
-    def ours() -> None:
-        for p in params:
-            p.grad = None
-        x.grad = None
-        states, _ = pc.newton_apply(cell, x, config=config)
-        torch.autograd.backward(cell.output(states), cotangent)
-
+    _, ours = layer_calls(cell, x, cotangent, config)
     times = {}
     for backend in ("eager", "auto"):
         cell.proj.backend = backend

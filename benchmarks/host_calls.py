@@ -65,16 +65,11 @@ def scan_calls(dtype: torch.dtype, dev: torch.device) -> list[tuple[str, Callabl
     return [(f"{name} fwd, no_grad", forward), (f"{name} fwd+bwd", forward_backward)]
 
 
-def gru_layer_calls(
-    dev: torch.device, shape: Shape = LAYER_SHAPE
+def layer_calls(
+    cell: pc.ParaCell, x: torch.Tensor, cotangent: torch.Tensor, config: pc.NewtonConfig
 ) -> tuple[Callable[[], None], Callable[[], None]]:
-    """A fp32 ParaGRU layer (``scan_backend="fused"``) on ``[B, T, d]`` inputs: its forward under
-    ``no_grad`` and its forward+backward (``profile_layer.py`` profiles the latter)."""
-    batch, steps, width = shape
-    cell = pc.ParaGRU(width, width).to(dev)
-    x = torch.randn(batch, steps, width, device=dev, requires_grad=True)
-    cotangent = torch.randn(batch, steps, width, device=dev)
-    config = pc.NewtonConfig(scan_backend="fused")
+    """A cell layer's forward under ``no_grad`` and its forward+backward (``newton_apply`` with
+    ``config``, then ``cell.output``), the gradients cleared before each call."""
     params = list(cell.parameters())
 
     def forward() -> None:
@@ -89,6 +84,18 @@ def gru_layer_calls(
         torch.autograd.backward(cell.output(states), cotangent)
 
     return forward, forward_backward
+
+
+def gru_layer_calls(
+    dev: torch.device, shape: Shape = LAYER_SHAPE
+) -> tuple[Callable[[], None], Callable[[], None]]:
+    """A fp32 ParaGRU layer (``scan_backend="fused"``) on ``[B, T, d]`` inputs: its forward under
+    ``no_grad`` and its forward+backward (``profile_layer.py`` profiles the latter)."""
+    batch, steps, width = shape
+    cell = pc.ParaGRU(width, width).to(dev)
+    x = torch.randn(batch, steps, width, device=dev, requires_grad=True)
+    cotangent = torch.randn(batch, steps, width, device=dev)
+    return layer_calls(cell, x, cotangent, pc.NewtonConfig(scan_backend="fused"))
 
 
 def main() -> None:
