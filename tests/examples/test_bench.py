@@ -306,6 +306,7 @@ def test_registered_peer_methods_plug_in(peer_methods: list[str]) -> None:
             "newton_stats must be one of \\['sync', 'deferred', 'device'\\], got 'later'",
         ),
         ({"cuda_graphs": True}, "cuda_graphs needs device='cuda', got device='cpu'"),
+        ({"projection": "cublas"}, "projection must be one of \\['eager', 'auto'\\], got 'cublas'"),
     ],
 )
 def test_bad_configs_name_the_option(overrides: dict[str, object], message: str) -> None:
@@ -327,7 +328,7 @@ def test_cli_help_lists_every_option(capsys: pytest.CaptureFixture[str]) -> None
     text = capsys.readouterr().out
     for option in ("--out", "--quick", "--device", "--cells", "--methods", "--batch", "--width",
                    "--steps", "--shape", "--dtype", "--scopes", "--max-seq-steps", "--repeats",
-                   "--warmup", "--no-plot", "--tf32", "--newton-stats"):  # fmt: skip
+                   "--warmup", "--no-plot", "--tf32", "--newton-stats", "--projection"):  # fmt: skip
         assert option in text
     for name in BUILTIN:
         assert name in text

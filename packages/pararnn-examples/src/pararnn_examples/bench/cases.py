@@ -40,6 +40,7 @@ __all__ = [
     "DIRECTIONS",
     "DTYPES",
     "NEWTON_STATS",
+    "PROJECTION_BACKENDS",
     "SCAN_CELL",
     "SCAN_JAC_RANGE",
     "SCAN_SHAPES",
@@ -74,6 +75,8 @@ CELLS: Final[dict[str, Callable[..., pc.ParaCell]]] = {
 DIRECTIONS: Final[tuple[str, ...]] = ("fwd", "fwd_bwd")
 #: The values of ``NewtonConfig.stats`` the Newton methods can run with (``--newton-stats``).
 NEWTON_STATS: Final[tuple[str, ...]] = ("sync", "deferred", "device")
+#: The built-in cells' ``proj.backend`` choices (``--projection``; ``pararnn_core.ProjectionLinear``).
+PROJECTION_BACKENDS: Final[tuple[str, ...]] = ("eager", "auto")
 
 
 class Shape(NamedTuple):
@@ -192,6 +195,9 @@ class BenchConfig:
             the warm-up (the host's launch work left out); a method whose capture fails is
             timed by ordinary calls, and its records say why. Needs ``device="cuda"`` and
             ``newton_stats="device"``.
+        projection: the cells' input projection (``proj.backend`` of every method's cell):
+            ``"eager"`` (``F.linear``) or ``"auto"`` (float32 GPU products on the tensor cores,
+            ``pararnn_kernels.linear_tf32x3``).
         copy_bytes: size of the buffer whose device-to-device copy measures the bandwidth
             (None: 4 GiB on CUDA, 64 MiB on the CPU).
         seed: seeds parameters, inputs and cotangents of every case.
@@ -213,6 +219,7 @@ class BenchConfig:
     newton_tol: float | None = None
     newton_stats: Literal["sync", "deferred", "device"] = "sync"
     cuda_graphs: bool = False
+    projection: str = "eager"
     copy_bytes: int | None = None
     seed: int = 0
     fail_fast: bool = False
@@ -251,6 +258,10 @@ class BenchConfig:
             )
         if self.cuda_graphs and self.device != "cuda":
             raise ValueError(f"cuda_graphs needs device='cuda', got device={self.device!r}")
+        if self.projection not in PROJECTION_BACKENDS:
+            raise ValueError(
+                f"projection must be one of {list(PROJECTION_BACKENDS)}, got {self.projection!r}"
+            )
         if self.cuda_graphs and self.newton_stats != "device":
             raise ValueError(
                 "cuda_graphs needs newton_stats='device' (the other modes wait for the "

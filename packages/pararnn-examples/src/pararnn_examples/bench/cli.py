@@ -43,6 +43,7 @@ from .cases import (
     CELLS,
     DTYPES,
     NEWTON_STATS,
+    PROJECTION_BACKENDS,
     SCAN_SHAPES,
     SCOPES,
     BenchConfig,
@@ -288,6 +289,13 @@ def build_parser() -> argparse.ArgumentParser:
         "fp32), 'off' runs every method in fp32, 'on' every method in TF32 (cuDNN and the "
         "input projections); the settings are recorded with the results",
     )
+    parser.add_argument(
+        "--projection",
+        choices=PROJECTION_BACKENDS,
+        default="eager",
+        help="the cells' input projection: 'eager' (default) is F.linear, 'auto' runs float32 "
+        "GPU products on the tensor cores to float32 accuracy (pararnn_kernels.linear_tf32x3)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of parameters and inputs")
     parser.add_argument("--no-plot", action="store_true", help="do not draw the plot")
     parser.add_argument(
@@ -338,6 +346,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         newton_tol=args.newton_tol,
         newton_stats=args.newton_stats or ("device" if args.cuda_graphs else "sync"),
         cuda_graphs=args.cuda_graphs,
+        projection=args.projection,
         copy_bytes=None if copy_mib is None else copy_mib * 2**20,
         seed=args.seed,
         fail_fast=args.fail_fast,

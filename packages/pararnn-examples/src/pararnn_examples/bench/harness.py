@@ -449,6 +449,7 @@ def environment(
         "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
         "newton_stats": config.newton_stats,
         "cuda_graphs": config.cuda_graphs,
+        "projection": config.projection,
         "argv": sys.argv,
         "peers": [p.as_dict() for p in peers or []],
     }
@@ -595,6 +596,9 @@ def run_bench(
                 # Parameters and inputs are drawn in fp32 and rounded, so every dtype of one run
                 # gets the same problem up to storage precision.
                 layer_cell = CELLS[cell_name](width, width, device=device).to(dtype=storage)
+                projection = getattr(layer_cell, "proj", None)
+                if isinstance(projection, pc.ProjectionLinear):
+                    projection.backend = config.projection
                 x = torch.randn(batch, steps, width, device=device).to(storage)
                 grad_y = torch.randn(batch, steps, width, device=device).to(storage)
                 for scope in cell_scopes:
