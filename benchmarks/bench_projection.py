@@ -3,8 +3,9 @@
 On one CUDA GPU, under PyTorch's default ``"highest"`` float32 matmul precision:
 
 1. The two GEMMs of a projection ``[B·T, d] -> [B·T, 3d]`` that the kernel runs (the forward,
-   and ∂L/∂x with the weight copied to be contiguous along the reduction): PyTorch in IEEE
-   float32, PyTorch in TF32, and the tf32x3 kernel; ``do_bench`` medians in µs, each one's
+   and ∂L/∂x with the weight copied to be contiguous along the reduction), and the weight
+   gradient by the kernel on copies of both operands (PyTorch runs it in the layer): PyTorch in
+   IEEE float32, PyTorch in TF32, and the tf32x3 kernel; ``do_bench`` medians in µs, each one's
    largest error against a float64 product relative to the product's largest element, and the
    kernel's plan.
 2. A layer's forward+backward (``newton_apply`` with the fused kernels, ``cell.output``), each
@@ -64,13 +65,22 @@ def time_gemm(name: str, a: Tensor, b: Tensor, ours: Callable[[], Tensor]) -> No
 
 def gemms(rows: int, width: int, gates: int, dev: torch.device) -> None:
     """The two GEMMs of a projection that the kernel runs: the forward, and ∂L/∂x with the
-    weight copied to be contiguous along the reduction (the copy timed with it)."""
+    weight copied to be contiguous along the reduction (the copy timed with it); and the weight
+    gradient, which PyTorch runs, by the kernel on copies of both operands."""
     x = torch.randn(rows, width, device=dev)
     weight = torch.randn(gates * width, width, device=dev) / width**0.5
     grad_y = torch.randn(rows, gates * width, device=dev)
     time_gemm("forward x Wᵀ", x, weight.t(), lambda: ops._matmul(x, weight.t()))
     time_gemm(
         "∂L/∂x = g W", grad_y, weight, lambda: ops._matmul(grad_y, weight.t().contiguous().t())
+    )
+    # Not run by the kernel (PyTorch's GEMM is): the weight gradient with both operands copied
+    # to be contiguous along the reduction, copies timed with it -- whether they would pay.
+    time_gemm(
+        "∂L/∂W = gᵀ x (both copied)",
+        grad_y.t(),
+        x,
+        lambda: ops._matmul(grad_y.t().contiguous(), x.t().contiguous().t()),
     )
 
 
