@@ -24,11 +24,13 @@ class ProjectionLinear(nn.Linear):
     ``backend`` (an attribute, per module):
 
     * ``"eager"`` (the default for now): ``F.linear``, exactly ``nn.Linear``.
-    * ``"auto"``: :func:`pararnn_kernels.linear_tf32x3` -- float32 CUDA operands under PyTorch's
-      ``"highest"`` float32 matmul precision take the tensor-core kernel (three TF32 products
-      per product, float32 accuracy); everything else (other dtypes, the CPU,
-      ``torch.set_float32_matmul_precision("high")``, traced calls) is ``F.linear``. Not yet the
-      default: it waits for its GPU timings (``benchmarks/bench_projection.py``).
+    * ``"auto"``: :func:`pararnn_kernels.linear_tf32x3` -- for float32 CUDA operands of 1024
+      rows or more under PyTorch's ``"highest"`` float32 matmul precision, the forward and
+      ``∂L/∂x`` run on the tensor cores (three TF32 products per product, float32 accuracy;
+      the weight and bias gradients stay PyTorch's); everything else (other dtypes, the CPU,
+      ``torch.set_float32_matmul_precision("high")``, traced calls) is ``F.linear``. Not yet
+      the default: it waits for a layer's GPU timing (``benchmarks/bench_projection.py``;
+      docs/benchmarks.md has the kernel's GEMM timings).
     * ``"triton"``: the kernel, or ``ValueError`` where it cannot run.
 
     Example:
