@@ -137,6 +137,15 @@ def test_auto_takes_f_linear_off_the_gpu_and_for_other_dtypes() -> None:
         assert torch.equal(linear_tf32x3(x, weight), F.linear(x, weight))
 
 
+def test_auto_traces_as_f_linear() -> None:
+    """Under ``torch.compile`` (``fullgraph``: no graph break) ``"auto"`` is ``F.linear``."""
+    x, weight, bias = torch.randn(4, 6), torch.randn(5, 6), torch.randn(5)
+    compiled = torch.compile(
+        lambda a: linear_tf32x3(a, weight, bias), backend="eager", fullgraph=True
+    )
+    assert torch.equal(compiled(x), F.linear(x, weight, bias))
+
+
 @pytest.mark.cuda
 @needs_cuda
 def test_auto_follows_the_float32_matmul_precision() -> None:

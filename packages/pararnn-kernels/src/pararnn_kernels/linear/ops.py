@@ -159,7 +159,8 @@ def resolve_linear_backend(
     if backend not in KNOWN_BACKENDS:
         known = ", ".join(repr(name) for name in KNOWN_BACKENDS)
         raise ValueError(f"backend must be one of {known}; got {backend!r}")
-    if backend == "eager":
+    if backend == "eager" or (backend == "auto" and not plain_eager()):
+        # A traced call looks at nothing else (torch.compile folds this test away).
         return "eager"
     operands = (x, weight) if bias is None else (x, weight, bias)
     problem = None
@@ -182,7 +183,7 @@ def resolve_linear_backend(
         if problem is not None:
             raise ValueError(f"backend='triton' needs {problem}; use backend='eager' or 'auto'")
         return "triton"
-    if problem is not None or x.device.type != "cuda" or not plain_eager():
+    if problem is not None or x.device.type != "cuda":
         return "eager"
     if x.numel() < AUTO_MIN_ROWS * x.shape[-1]:
         return "eager"
