@@ -319,6 +319,11 @@ def _linear_launches(rec: _Recorder) -> None:
     ops._matmul(grad_y, weight.t().contiguous().t())
     rec.origin = "linear_tf32x3 split reduction"
     ops._matmul(torch.empty(20, 1100), torch.empty(24, 1100).t())
+    # The plan of compute capability 9.x (64 steps of the reduction per stage): the tensors
+    # here are the CPU's, whose plan is the other one.
+    with mock.patch.object(ops, "device_capability", return_value=(9, 0)):
+        rec.origin = "linear_tf32x3 forward, sm_90 plan"
+        ops._matmul(x, weight.t(), bias)
 
 
 def record_launches() -> list[Launch]:

@@ -4,6 +4,7 @@ split reductions, bitwise-repeatable gradients on the GPU, and its errors."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from unittest import mock
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ from torch import Tensor
 
 from pararnn_kernels import linear_tf32x3
 from pararnn_kernels.dispatch import triton_interpret_mode
-from pararnn_kernels.linear import AUTO_MIN_ROWS, plan_gemm, resolve_linear_backend
+from pararnn_kernels.linear import AUTO_MIN_ROWS, ops, plan_gemm, resolve_linear_backend
 from pararnn_kernels.testing import assert_close
 
 from .conftest import needs_cuda, needs_interpreter
@@ -188,6 +189,36 @@ def test_bad_inputs_name_the_argument() -> None:
     missing = "float32 operands, got" if triton_interpret_mode() else "CUDA tensors"
     with pytest.raises(ValueError, match=rf"backend='triton' needs {missing}"):
         linear_tf32x3(x.double(), weight.double(), backend="triton")
+
+
+def test_gemm_plan_takes_64_step_stages_where_shared_memory_holds_them() -> None:
+    """Three stages of 128 x 64 float32 tiles (192 KiB) on compute capability 9.x and 10.x; 32
+    steps elsewhere (Ampere's 163 KiB, the consumer cards' 99 KiB), and on the CPU."""
+    cpu = torch.device("cpu")
+    cases = [(None, 32), ((8, 0), 32), ((8, 9), 32), ((9, 0), 64), ((10, 0), 64), ((12, 0), 32)]
+    for capability, block_k in cases:
+        with mock.patch.object(ops, "device_capability", return_value=capability):
+            plan = plan_gemm(32768, 768, 256, cpu)
+        shape = (plan.block_m, plan.block_n, plan.block_k, plan.num_warps, plan.stages)
+        assert shape == (128, 128, block_k, 8, 3), capability
+        assert plan.splits == 1
+
+
+@needs_interpreter
+def test_64_step_stages_match_float64(poisoned: None) -> None:
+    """The compute capability 9.x plan (64 steps of the reduction per stage) on the interpreter:
+    a reduction shorter than one step, and a split one whose last slice is partial."""
+    with mock.patch.object(ops, "device_capability", return_value=(9, 0)):
+        assert plan_gemm(20, 24, 1100, torch.device("cpu")).block_k == 64
+        for rows, d_in, d_out in [(17, 63, 45), (20, 1100, 24)]:
+            x = torch.randn(rows, d_in)
+            weight = torch.randn(d_out, d_in)
+            bias = torch.randn(d_out)
+            grad_y = torch.randn(rows, d_out)
+            got = _linear_with_grads(x, weight, bias, grad_y, dtype=torch.float32, backend="triton")
+            want = _linear_with_grads(x, weight, bias, grad_y, dtype=torch.float64, backend="eager")
+            for name, g, w in zip(NAMES, got, want, strict=True):
+                assert_close(g, w, tol=INTERPRETER_TOL, name=f"{name} [{rows}, {d_in}]")
 
 
 @pytest.mark.cuda

@@ -491,25 +491,92 @@ def test_streamed_pass_takes_the_default_plan_at_misaligned_addresses(poisoned: 
     assert_close(grad_rhs, ref_gr, tol=GRAD_TOL[torch.float32], name="grad rhs")
 
 
-def test_streamed_pass_is_opt_in_and_needs_the_tma() -> None:
-    """No default plan takes the streamed pass (it waits for an H200 sweep); asked for on a
-    card without the TMA (compute capability < 9.0) it is a clear error."""
+def test_streamed_pass_is_the_default_only_in_its_window() -> None:
+    """By default only bf16 forward passes that would take the look-back tiles stream: on
+    compute capability >= 9.0, with 16-byte rows, at most STREAMED_MAX_STEPS steps and 32-channel
+    programs 2.5 to 3.5 times the multiprocessors (the H100 sweep's window)."""
+    cpu = torch.device("cpu")
     bf16 = torch.bfloat16
-    for batch, channels in [(4, 96), (32, 512), (8, 1536), (64, 1024)]:
-        for capability in [None, (9, 0)]:
-            for adjoint in (False, True):
-                plan = launch._build_plan(
-                    batch, channels, 132, capability, bf16, adjoint, None, None, None, None,
-                    None, 1, None, None, None, None,
-                )  # fmt: skip
-                assert plan.method != "streamed", (batch, channels, capability)
+
+    def method(
+        batch: int, steps: int, channels: int, dtype: torch.dtype = bf16, adjoint: bool = False
+    ) -> str:
+        plan = launch.plan_scan_diag(batch, steps, channels, cpu, dtype=dtype, adjoint=adjoint)
+        return plan.method
+
+    with (
+        mock.patch.object(launch, "device_capability", return_value=(9, 0)),
+        mock.patch.object(launch, "multiprocessor_count", return_value=132),
+    ):
+        assert method(8, 4096, 1536) == "streamed"  # 384 programs
+        assert method(12, 1024, 1024) == "streamed"
+        assert method(8, launch.STREAMED_MAX_STEPS, 1536) == "streamed"
+        assert method(8, launch.STREAMED_MAX_STEPS + 1, 1536) == "lookback"
+        assert method(8, 4096, 1536, adjoint=True) == "lookback"
+        assert method(8, 4096, 1536, dtype=torch.float16) == "lookback"
+        assert method(8, 4096, 1536, dtype=torch.float32) == "tiles"
+        assert method(4, 4096, 1536) == "lookback"  # 192 programs: too few
+        assert method(32, 4096, 512) == "lookback"  # 512 programs: too many
+        assert method(8, 4096, 1532) == "lookback"  # rows of 3064 bytes
+        assert method(64, 4096, 1536) == "chunked"
+        # The window's edges on 132 multiprocessors: 330 <= programs < 462.
+        assert method(11, 4096, 960) == "streamed"  # 330 programs
+        assert method(7, 4096, 1504) == "lookback"  # 329
+        assert method(1, 4096, 14752) == "streamed"  # 461
+        assert method(1, 4096, 14784) == "lookback"  # 462
+    with (
+        mock.patch.object(launch, "device_capability", return_value=(8, 0)),
+        mock.patch.object(launch, "multiprocessor_count", return_value=132),
+    ):
+        assert method(8, 4096, 1536) == "lookback"  # no TMA
+    # The interpreter (four multiprocessors, no compute capability) streams only when asked:
+    # 12 programs would be in its window.
+    assert method(6, 4096, 64) == "lookback"
+
+
+def test_streamed_pass_needs_the_tma() -> None:
+    """Asked for on a card without the TMA (compute capability < 9.0), the streamed pass is a
+    clear error."""
     with pytest.raises(
         ValueError, match=r"compute capability >= 9\.0.*has compute capability 8\.0"
     ):
         launch._build_plan(
-            4, 96, 108, (8, 0), bf16, False, "streamed", None, None, None, None, 1, None, None,
-            None, None,
+            4, 96, 108, (8, 0), torch.bfloat16, False, "streamed", False, None, None, None,
+            None, 1, None, None, None, None,
         )  # fmt: skip
+
+
+@needs_interpreter
+def test_default_streamed_pass_runs_and_falls_back(poisoned: None) -> None:
+    """A default streamed plan (a Hopper card's window, mocked onto the interpreter's four
+    multiprocessors: 12 programs) gives the loop's results, and at a misaligned address the
+    shape's plan without the streamed pass runs instead (not the streamed plan again)."""
+    batch, steps, channels = 6, 70, 64
+    bf16 = torch.bfloat16
+    cpu = torch.device("cpu")
+    jac, rhs, h0 = make_inputs(batch, steps, channels, dtype=bf16, device="cpu", with_h0=True)
+    assert h0 is not None
+    ref_y = reference_scan_diag(jac.double(), rhs.double(), h0.double())
+    shifted = torch.empty(jac.numel() + 1, dtype=bf16)[1:].view_as(jac).copy_(jac)
+    assert shifted.data_ptr() % 16 != 0
+    launched: list[str] = []
+    original = launch._launcher
+
+    def launcher(plan: launch.DiagScanPlan) -> Any:
+        launched.append(plan.method)
+        return original(plan)
+
+    with (
+        mock.patch.object(launch, "device_capability", return_value=(9, 0)),
+        mock.patch.object(launch, "multiprocessor_count", return_value=4),
+        mock.patch.object(launch, "_launcher", launcher),
+    ):
+        assert launch.plan_scan_diag(batch, steps, channels, cpu, dtype=bf16).method == "streamed"
+        y = launch.triton_scan_diag(jac, rhs, h0, reverse=False)
+        y_shifted = launch.triton_scan_diag(shifted, rhs, h0, reverse=False)
+    assert launched == ["streamed", "streamed", "lookback"]
+    assert_close(y, ref_y, tol=FORWARD_TOL[bf16], name="y streamed")
+    assert_close(y_shifted, ref_y, tol=FORWARD_TOL[bf16], name="y misaligned")
 
 
 def test_noncontiguous_inputs_and_expanded_gradients(case: Case, poisoned: None) -> None:

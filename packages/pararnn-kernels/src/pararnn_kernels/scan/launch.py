@@ -21,9 +21,10 @@ from the number of channels, the storage dtype and the direction (the fifth is a
 * ``"streamed"`` -- the chunked walk with its chunks moved by the tensor memory accelerator
   (TMA; compute capability >= 9.0), several chunks in flight per program in shared memory: the
   narrow programs (32 channels) that fill the GPU where 64-channel ones are too few still keep
-  enough bytes moving. Forward passes only (an adjoint takes the default plan). Opt-in
-  (``method="streamed"``): on an H100 it led the default only in bf16 at 12288 channels
-  (84 % of the copy bandwidth against 74 %, docs/benchmarks.md); an H200 sweep decides more.
+  enough bytes moving. Forward passes only (an adjoint takes the default plan). The default
+  only for bf16 forward passes whose 32-channel programs make 2.5 to 3.5 per multiprocessor,
+  up to :data:`STREAMED_MAX_STEPS` steps (:func:`plan_scan_diag`); asked for
+  (``method="streamed"``) anywhere it can run.
 
 The kernels are imported on first use, so importing this module needs no GPU and compiles nothing.
 """
@@ -46,6 +47,8 @@ __all__ = [
     "CHUNKED_WAVES",
     "FEW_CHANNELS",
     "LOOKBACK_WINDOW",
+    "STREAMED_MAX_STEPS",
+    "STREAMED_WAVES",
     "TWO_PASS_CHANNELS",
     "DiagScanPlan",
     "ScanMethod",
@@ -81,6 +84,15 @@ ALIGNED_CHANNELS = 16
 #: multiprocessor: with 512 of them (3.9 per SM on an H200) it beat both look-back kernels, with
 #: 256 it lost to them (H200, 2026-12-03, docs/benchmarks.md).
 CHUNKED_WAVES = 3
+#: bf16 forward passes take the streamed plan by default when its 32-channel programs
+#: (``batch * ceil(channels / 32)``) number from the first to the second of these times the
+#: multiprocessors: H100, 2026-12-07, 384 programs on 132 multiprocessors (12288 channels) ran
+#: at 65-91 % of the copy bandwidth against the look-back tiles' 54-85 % for T from 1024 to
+#: 32768; with 192 programs they ran at 44 % against 65 % (too few bytes in flight), with 512
+#: level at T = 4096 and behind from 16384, with 768 at 70 % against 79 % (docs/benchmarks.md).
+STREAMED_WAVES = (2.5, 3.5)
+#: ... and only up to this many steps: at 65536 the look-back tiles led (86 % against 84 %).
+STREAMED_MAX_STEPS = 32768
 _CHUNKED_BLOCK_D = 64
 _STREAMED_BLOCK_D = 32
 #: Bytes every stride but the last of a TMA descriptor must be a multiple of (and the address).
@@ -189,34 +201,73 @@ def plan_scan_diag(
       take 32 x 128 tiles, 32 steps per thread, two warps, window 4, without (60-69 % adjoint,
       where rescan gave 53-60 %; fp16 spills with rescan: the compiler merges the two
       conversions of its inputs).
-    * ``method="streamed"`` only when asked for (module docstring): 64-step chunks x 32 channels,
-      one warp, 4 ``stages``. It needs compute capability >= 9.0 and rows of a multiple of 16
-      bytes (``channels`` times the element size), or it raises ``ValueError``; at call time, a
-      traced call (``torch.compile``, fake tensors) or a tensor at an address that is not
-      16-byte aligned runs the default plan instead. It streams forward passes (either
-      direction) only: the ``adjoint`` of a streamed call is its shape's default adjoint plan,
-      whatever tile arguments came with it (streamed, the adjoint ran at 17-66 % of the copy
-      bandwidth where the default ran at 71-93 %, every shape of an H100 sweep).
+    * ``"streamed"`` (module docstring): 64-step chunks x 32 channels, one warp, 4 ``stages``.
+      The default for bf16 forward passes (not the ``adjoint``) that would take the look-back
+      tiles, on compute capability >= 9.0, with rows of a multiple of 16 bytes, at most
+      :data:`STREAMED_MAX_STEPS` steps and ``batch * ceil(channels / 32)`` programs between
+      :data:`STREAMED_WAVES` times the multiprocessors (on an H100 at 12288 channels: 84 % of
+      the copy bandwidth against the look-back tiles' 74 % at T = 4096, 91 % against 83 % at
+      16384). Asked for (``method="streamed"``) anywhere else, it needs compute capability >= 9.0
+      and rows of a multiple of 16 bytes (``channels`` times the element size), or it raises
+      ``ValueError``. At call time, a traced call (``torch.compile``, fake tensors) or a tensor
+      at an address that is not 16-byte aligned runs the plan the shape would have without the
+      streamed pass. It streams forward passes (either direction) only: the ``adjoint`` of a
+      streamed call is its shape's default adjoint plan, whatever tile arguments came with it
+      (streamed, the adjoint ran at 17-66 % of the copy bandwidth where the default ran at
+      71-93 %, every shape of an H100 sweep).
 
-    ``steps`` is part of the signature for the model; no choice depends on it yet (nor does the
-    cache key, so sequences of every length share a plan). ``device`` gives the multiprocessor
-    count (4 for the CPU interpreter). Plans are cached: every scan call asks for one, and
-    building it costs more host time than the lookup. Symbolic sizes (``SymInt``, under
+    ``steps`` decides only whether a bf16 forward pass may be streamed (the cache key holds that
+    bit, not the length, so sequences of most lengths share a plan). ``device`` gives the
+    multiprocessor count (4 for the CPU interpreter) and, for bf16 forward passes and streamed
+    ones, the compute capability. Plans are cached: every scan call asks for one, and building
+    it costs more host time than the lookup. Symbolic sizes (``SymInt``, under
     ``torch.compile`` with dynamic shapes and in opcheck's dynamic test) cannot be hashed; their
-    plans are built uncached.
+    plans are built uncached, never streamed by default.
     """
     build = _plan if type(batch) is int and type(channels) is int else _build_plan
     if method == "streamed" and adjoint:
         return build(
-            batch, channels, multiprocessor_count(device), None, dtype, adjoint, None,
+            batch, channels, multiprocessor_count(device), None, dtype, adjoint, None, False,
             None, None, None, None, 1, None, None, None, None,
         )  # fmt: skip
-    # Only the streamed pass asks for the capability (the default plans' calls skip the lookup).
-    capability = device_capability(device) if method == "streamed" else None
+    # Only a pass that may be streamed asks for the capability (the other calls skip it).
+    streamable = (
+        method is None
+        and dtype == torch.bfloat16
+        and not adjoint
+        and type(steps) is int
+        and steps <= STREAMED_MAX_STEPS
+    )
+    capability = device_capability(device) if method == "streamed" or streamable else None
     return build(
         batch, channels, multiprocessor_count(device), capability, dtype, adjoint, method,
-        block_t, block_d, num_warps, rows, inclusive_every, window, vec, rescan, stages,
+        streamable, block_t, block_d, num_warps, rows, inclusive_every, window, vec, rescan,
+        stages,
     )  # fmt: skip
+
+
+def _unstreamed_plan(
+    batch: int, channels: int, device: torch.device, dtype: torch.dtype, adjoint: bool
+) -> DiagScanPlan:
+    """The default plan of a shape with the streamed pass left out (its launcher's fallback)."""
+    build = _plan if type(batch) is int and type(channels) is int else _build_plan
+    return build(
+        batch, channels, multiprocessor_count(device), None, dtype, adjoint, None, False,
+        None, None, None, None, 1, None, None, None, None,
+    )  # fmt: skip
+
+
+def _streams_by_default(
+    batch: int, channels: int, multiprocessors: int, capability: tuple[int, int] | None
+) -> bool:
+    """Whether a streamable bf16 forward pass (:func:`plan_scan_diag`) takes the streamed plan."""
+    if capability is None or capability < _TMA_CAPABILITY:
+        return False
+    if channels * 2 % _TMA_ALIGNMENT:
+        return False
+    programs = batch * -(-channels // _STREAMED_BLOCK_D)
+    low, high = STREAMED_WAVES
+    return low * multiprocessors <= programs < high * multiprocessors
 
 
 def _build_plan(
@@ -227,6 +278,7 @@ def _build_plan(
     dtype: torch.dtype,
     adjoint: bool,
     method: ScanMethod | None,
+    streamable: bool,
     block_t: int | None,
     block_d: int | None,
     num_warps: int | None,
@@ -246,6 +298,8 @@ def _build_plan(
             method = "twopass"
         elif element_size >= 4 and batch * channels >= FEW_CHANNELS:
             method = "tiles"
+        elif streamable and _streams_by_default(batch, channels, multiprocessors, capability):
+            method = "streamed"
         else:
             method = "lookback"
     if method == "tiles":
@@ -463,14 +517,12 @@ def _launch_diag_streamed(
     if shift or not plain_eager() or any(t.data_ptr() % _TMA_ALIGNMENT for t in tensors):
         # Descriptors are built on the host per call, for real tensors at 16-byte aligned
         # addresses: traced calls (torch.compile, fake tensors) and misaligned views take the
-        # default plan instead (the chunked walk alone would leave the GPU idle where B·D is
-        # small). The kernel has no shifted (adjoint) pass, which plan_scan_diag never plans
-        # streamed; a hand-made plan gets the default too. No default plan is streamed, so
-        # this does not come back here.
-        batch, steps, channels = rhs.shape
-        fallback = plan_scan_diag(
-            batch, steps, channels, rhs.device, dtype=rhs.dtype, adjoint=shift
-        )
+        # shape's plan without the streamed pass instead (the chunked walk alone would leave
+        # the GPU idle where B·D is small). The kernel has no shifted (adjoint) pass, which
+        # plan_scan_diag never plans streamed; a hand-made plan gets the fallback too, which
+        # is never streamed, so this does not come back here.
+        batch, _steps, channels = rhs.shape
+        fallback = _unstreamed_plan(batch, channels, rhs.device, rhs.dtype, shift)
         _launcher(fallback)(
             jac, rhs, h0, out, fallback, reverse=reverse, shift=shift, prev=prev,
             grad_jac=grad_jac,
