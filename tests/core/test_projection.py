@@ -1,6 +1,7 @@
 """The built-in cells' input projection (``ProjectionLinear``): an ``nn.Linear`` with the same
-parameters, exactly ``F.linear`` by default, and with ``backend="triton"``/``"auto"`` a layer
-whose states and every gradient match the float64 sequential recurrence."""
+parameters, ``"auto"`` by default (exactly ``F.linear`` on the CPU and with ``"eager"``), and
+with ``backend="triton"``/``"auto"`` a layer whose states and every gradient match the float64
+sequential recurrence."""
 
 from __future__ import annotations
 
@@ -26,11 +27,12 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 def test_projection_is_an_nn_linear_with_the_same_state(cls) -> None:
     cell = cls(5, 7)
     assert isinstance(cell.proj, pc.ProjectionLinear) and isinstance(cell.proj, nn.Linear)
-    assert cell.proj.backend == "eager"
+    assert cell.proj.backend == "auto"
     assert {"proj.weight", "proj.bias"} <= set(cell.state_dict())
     x = torch.randn(2, 3, 5)
+    # "auto" on the CPU is F.linear, to the bit, and so is "eager" anywhere.
     assert torch.equal(cell.project(x), F.linear(x, cell.proj.weight, cell.proj.bias))
-    cell.proj.backend = "auto"  # the CPU: F.linear, to the bit
+    cell.proj.backend = "eager"
     assert torch.equal(cell.project(x), F.linear(x, cell.proj.weight, cell.proj.bias))
 
 

@@ -196,8 +196,8 @@ class BenchConfig:
             timed by ordinary calls, and its records say why. Needs ``device="cuda"`` and
             ``newton_stats="device"``.
         projection: the cells' input projection (``proj.backend`` of every method's cell):
-            ``"eager"`` (``F.linear``) or ``"auto"`` (float32 GPU products on the tensor cores,
-            ``pararnn_kernels.linear_tf32x3``).
+            ``"auto"`` (the cells' default: float32 GPU products on the tensor cores,
+            ``pararnn_kernels.linear_tf32x3``) or ``"eager"`` (``F.linear``).
         copy_bytes: size of the buffer whose device-to-device copy measures the bandwidth
             (None: 4 GiB on CUDA, 64 MiB on the CPU).
         seed: seeds parameters, inputs and cotangents of every case.
@@ -219,7 +219,7 @@ class BenchConfig:
     newton_tol: float | None = None
     newton_stats: Literal["sync", "deferred", "device"] = "sync"
     cuda_graphs: bool = False
-    projection: str = "eager"
+    projection: str = "auto"
     copy_bytes: int | None = None
     seed: int = 0
     fail_fast: bool = False

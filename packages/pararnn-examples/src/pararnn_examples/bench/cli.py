@@ -292,9 +292,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--projection",
         choices=PROJECTION_BACKENDS,
-        default="eager",
-        help="the cells' input projection: 'eager' (default) is F.linear, 'auto' runs float32 "
-        "GPU products on the tensor cores to float32 accuracy (pararnn_kernels.linear_tf32x3)",
+        default="auto",
+        help="the cells' input projection: 'auto' (default, the cells' own default) runs "
+        "float32 GPU products on the tensor cores to float32 accuracy "
+        "(pararnn_kernels.linear_tf32x3), 'eager' is F.linear",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of parameters and inputs")
     parser.add_argument("--no-plot", action="store_true", help="do not draw the plot")
