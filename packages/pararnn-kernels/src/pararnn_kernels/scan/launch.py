@@ -1,7 +1,7 @@
 """Typed launchers of the Triton scan kernels, and the launch plan that picks among them.
 
-The diagonal scan has five launch shapes; :func:`plan_scan_diag` picks one of the first four
-from the number of channels, the storage dtype and the direction (the fifth is asked for):
+The diagonal scan has five launch shapes; :func:`plan_scan_diag` picks one from the number of
+channels, the storage dtype, the direction and (for the fifth) the length and the device:
 
 * ``"chunked"`` -- one program per (batch, block of channels) walks the whole sequence, each
   thread scanning whole columns sequentially; the fastest wherever B·D alone fills the GPU.
