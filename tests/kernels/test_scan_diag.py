@@ -579,6 +579,37 @@ def test_default_streamed_pass_runs_and_falls_back(poisoned: None) -> None:
     assert_close(y_shifted, ref_y, tol=FORWARD_TOL[bf16], name="y misaligned")
 
 
+@pytest.mark.cuda
+@needs_cuda
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+def test_default_streamed_plan_on_gpu_matches_sequential(reverse: bool, poisoned: None) -> None:
+    """The default plan's streamed window on this GPU (bf16, about three 32-channel programs per
+    multiprocessor): the public op against the float64 loop, its forward streamed and every
+    gradient by the default adjoint, at a chunk edge and one step past it."""
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("the streamed pass needs compute capability >= 9.0")
+    bf16, dev, channels = torch.bfloat16, torch.device("cuda"), 1536
+    batch = -(-3 * multiprocessor_count(dev) // (channels // 32))
+    for steps in (4096, 4097):
+        plan = launch.plan_scan_diag(batch, steps, channels, dev, dtype=bf16)
+        assert plan.method == "streamed", plan
+        jac, rhs, h0 = make_inputs(batch, steps, channels, dtype=bf16, device="cuda", with_h0=True)
+        grad_y = torch.randn(batch, steps, channels, device="cuda").to(bf16)
+        check_against_sequential(
+            scan_diag,
+            sequential_scan_diag,
+            jac,
+            rhs,
+            h0,
+            grad_y,
+            reverse=reverse,
+            backend="triton",
+            forward_tol=FORWARD_TOL[bf16],
+            grad_tol=GRAD_TOL[bf16],
+            label=f"B={batch} T={steps} D={channels}",
+        )
+
+
 def test_noncontiguous_inputs_and_expanded_gradients(case: Case, poisoned: None) -> None:
     batch, channels = sizes(case)
     steps = 17
