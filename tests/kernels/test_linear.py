@@ -191,6 +191,24 @@ def test_bad_inputs_name_the_argument() -> None:
         linear_tf32x3(x.double(), weight.double(), backend="triton")
 
 
+@needs_interpreter
+def test_backward_is_differentiable_once() -> None:
+    """The kernel's backward runs outside autograd: a gradient taken with ``create_graph=True``
+    cannot be differentiated again (``backend="eager"`` can), and says so."""
+    x = torch.randn(4, 6, requires_grad=True)
+    weight = torch.randn(5, 6, requires_grad=True)
+    (grad_x,) = torch.autograd.grad(
+        linear_tf32x3(x, weight, backend="triton").square().sum(), x, create_graph=True
+    )
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        grad_x.sum().backward()
+    (grad_x,) = torch.autograd.grad(
+        linear_tf32x3(x, weight, backend="eager").square().sum(), x, create_graph=True
+    )
+    grad_x.sum().backward()
+    assert weight.grad is not None
+
+
 def test_gemm_plan_takes_64_step_stages_where_shared_memory_holds_them() -> None:
     """Three stages of 128 x 64 float32 tiles (192 KiB) on compute capability 9.x and 10.x; 32
     steps elsewhere (Ampere's 163 KiB, the consumer cards' 99 KiB), and on the CPU."""

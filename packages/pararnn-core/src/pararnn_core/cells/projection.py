@@ -31,7 +31,8 @@ class ProjectionLinear(nn.Linear):
       ``F.linear``. On an H100 a ParaGRU layer's forward+backward at B = 8, d = 256 took
       1.18-1.19x less time than with ``F.linear``, a ParaLSTM's 1.12-1.13x
       (``benchmarks/bench_projection.py``, docs/benchmarks.md).
-    * ``"eager"``: ``F.linear``, exactly ``nn.Linear``.
+    * ``"eager"``: ``F.linear``, exactly ``nn.Linear`` (also where a projection must be
+      differentiated twice: the kernel's backward is differentiable once).
     * ``"triton"``: the kernel, or ``ValueError`` where it cannot run.
 
     Example:

@@ -232,7 +232,9 @@ def linear_tf32x3(
 ) -> Tensor:
     """``x @ weight.T + bias`` for float32 operands, its products taken on the tensor cores as
     three TF32 products each (module docstring), accumulated in float32; differentiable in all
-    three (``∂L/∂x`` the same way; the weight and bias gradients by PyTorch).
+    three (``∂L/∂x`` the same way; the weight and bias gradients by PyTorch), once: on the
+    kernel's path the backward is not itself differentiable (``create_graph=True`` through it
+    raises), as for the library's scans and Newton solves.
 
     Args:
         x: ``[..., d_in]``.
