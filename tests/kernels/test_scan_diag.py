@@ -49,6 +49,27 @@ def sequential_with_grads(
     return oracle_with_grads(sequential_scan_diag, jac, rhs, h0, grad_y, reverse)
 
 
+def check_scan_diag(
+    inputs: tuple[Tensor, Tensor, Tensor | None], grad_y: Tensor, *, reverse: bool, backend: str
+) -> None:
+    """``scan_diag`` on ``(jac, rhs, h0)`` against the float64 loop, at the tolerances of the
+    storage dtype; failures name the dtype and the shape."""
+    jac, rhs, h0 = inputs
+    check_against_sequential(
+        scan_diag,
+        sequential_scan_diag,
+        jac,
+        rhs,
+        h0,
+        grad_y,
+        reverse=reverse,
+        backend=backend,
+        forward_tol=FORWARD_TOL[rhs.dtype],
+        grad_tol=GRAD_TOL[rhs.dtype],
+        label=f"{rhs.dtype} {tuple(rhs.shape)}",
+    )
+
+
 def sizes(case: Case) -> tuple[int, int]:
     return (2, 5) if case.small else (3, 37)
 
@@ -66,19 +87,7 @@ def test_forward_and_gradients_match_sequential(
             batch, steps, channels, dtype=dtype, device=case.device, with_h0=with_h0
         )
         grad_y = torch.randn(batch, steps, channels, dtype=dtype, device=case.device)
-        check_against_sequential(
-            scan_diag,
-            sequential_scan_diag,
-            jac,
-            rhs,
-            h0,
-            grad_y,
-            reverse=reverse,
-            backend=case.backend,
-            forward_tol=FORWARD_TOL[dtype],
-            grad_tol=GRAD_TOL[dtype],
-            label=str(dtype),
-        )
+        check_scan_diag((jac, rhs, h0), grad_y, reverse=reverse, backend=case.backend)
 
 
 def test_first_step_uses_h0(case: Case) -> None:
@@ -326,19 +335,7 @@ def test_low_precision_storage(
         batch, steps, channels, dtype=dtype, device=case.device, with_h0=True
     )
     grad_y = torch.randn(batch, steps, channels, device=case.device).to(dtype)
-    check_against_sequential(
-        scan_diag,
-        sequential_scan_diag,
-        jac,
-        rhs,
-        h0,
-        grad_y,
-        reverse=reverse,
-        backend=case.backend,
-        forward_tol=FORWARD_TOL[dtype],
-        grad_tol=GRAD_TOL[dtype],
-        label=str(dtype),
-    )
+    check_scan_diag((jac, rhs, h0), grad_y, reverse=reverse, backend=case.backend)
 
 
 # 2-byte tiles of the look-back kernels at interpreter sizes: rescanned runs (bf16 widens by its
@@ -595,19 +592,7 @@ def test_default_streamed_plan_on_gpu_matches_sequential(reverse: bool, poisoned
         assert plan.method == "streamed", plan
         jac, rhs, h0 = make_inputs(batch, steps, channels, dtype=bf16, device="cuda", with_h0=True)
         grad_y = torch.randn(batch, steps, channels, device="cuda").to(bf16)
-        check_against_sequential(
-            scan_diag,
-            sequential_scan_diag,
-            jac,
-            rhs,
-            h0,
-            grad_y,
-            reverse=reverse,
-            backend="triton",
-            forward_tol=FORWARD_TOL[bf16],
-            grad_tol=GRAD_TOL[bf16],
-            label=f"B={batch} T={steps} D={channels}",
-        )
+        check_scan_diag((jac, rhs, h0), grad_y, reverse=reverse, backend="triton")
 
 
 def test_noncontiguous_inputs_and_expanded_gradients(case: Case, poisoned: None) -> None:
