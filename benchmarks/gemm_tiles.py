@@ -1,8 +1,8 @@
 """The tf32x3 GEMM kernel's tiles, swept at a cell projection's two GEMMs.
 
-On one CUDA GPU: ``matmul_kernel`` (``pararnn_kernels.linear``) launched directly with each
-tile shape below at the forward ``[B·T, d] @ [d, 3d]`` and ``∂L/∂x = [B·T, 3d] @ [3d, d]`` (the
-weight contiguous along the reduction, as the backward copies it) of a ParaGRU projection,
+On one CUDA GPU: the kernel of ``pararnn_kernels.linear`` launched with each tile shape
+below at the forward ``[B·T, d] @ [d, 3d]`` and ``∂L/∂x = [B·T, 3d] @ [3d, d]`` (the weight
+contiguous along the reduction, as the backward copies it) of a ParaGRU projection,
 in ``"tf32x3"`` and, for reference, plain ``"tf32"`` products; PyTorch's float32 and TF32
 GEMMs beside them; ``do_bench`` medians in µs and each result's largest error against a
 float64 product relative to its largest element. Then the bias gradient's column sum two ways
@@ -18,11 +18,10 @@ import argparse
 from collections.abc import Callable
 
 import torch
-import triton
 import triton.testing
 from torch import Tensor
 
-from pararnn_kernels.linear._kernels import matmul_kernel
+from pararnn_kernels.linear import ops
 
 # (block_m, block_n, block_k, warps, stages)
 TILES = [
@@ -35,17 +34,8 @@ TILES = [
 
 def matmul(a: Tensor, b: Tensor, precision: str, tile: tuple[int, int, int, int, int]) -> Tensor:
     block_m, block_n, block_k, warps, stages = tile
-    m, k = a.shape
-    n = b.shape[1]
-    c = torch.empty((1, m, n), device=a.device, dtype=torch.float32)
-    grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n), 1)
-    matmul_kernel[grid](
-        a, b, c, c, m, n, k, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-        c.stride(0), c.stride(1), c.stride(2), HAS_BIAS=False, BLOCK_M=block_m,
-        BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=8, PRECISION=precision, STAGES=stages,
-        num_warps=warps,
-    )  # fmt: skip
-    return c[0]
+    plan = ops.GemmPlan(block_m, block_n, block_k, warps, stages, splits=1)
+    return ops._matmul(a, b, plan=plan, precision=precision)
 
 
 def median_us(fn: Callable[[], object]) -> float:

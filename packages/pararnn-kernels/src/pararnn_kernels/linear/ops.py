@@ -102,12 +102,21 @@ def _kernel() -> Any:
     return matmul_kernel
 
 
-def _matmul(a: Tensor, b: Tensor, bias: Tensor | None = None) -> Tensor:
+def _matmul(
+    a: Tensor,
+    b: Tensor,
+    bias: Tensor | None = None,
+    *,
+    plan: GemmPlan | None = None,
+    precision: str = "tf32x3",
+) -> Tensor:
     """``a [M, K] @ b [K, N] (+ bias [N])`` in float32 by the tf32x3 kernel; operands of any
-    strides (fast when both are contiguous along K: ``a.stride(1) == b.stride(0) == 1``)."""
+    strides (fast when both are contiguous along K: ``a.stride(1) == b.stride(0) == 1``).
+    ``plan`` (default :func:`plan_gemm`'s) and ``precision`` (``tl.dot``'s, e.g. ``"tf32"``)
+    are for benchmarks."""
     m, k = a.shape
     n = b.shape[1]
-    plan = plan_gemm(m, n, k, a.device)
+    plan = plan or plan_gemm(m, n, k, a.device)
     per_slice = math.ceil(math.ceil(k / plan.splits) / plan.block_k) * plan.block_k
     splits = math.ceil(k / per_slice)
     out = torch.empty((splits, m, n), device=a.device, dtype=torch.float32)
@@ -118,7 +127,7 @@ def _matmul(a: Tensor, b: Tensor, bias: Tensor | None = None) -> Tensor:
         a.stride(0), a.stride(1), b.stride(0), b.stride(1),
         out.stride(0), out.stride(1), out.stride(2),
         HAS_BIAS=bias is not None, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n,
-        BLOCK_K=plan.block_k, GROUP_M=8, PRECISION="tf32x3", STAGES=plan.stages,
+        BLOCK_K=plan.block_k, GROUP_M=8, PRECISION=precision, STAGES=plan.stages,
         num_warps=plan.num_warps,
     )  # fmt: skip
     return out[0] if splits == 1 else out.sum(0)

@@ -224,12 +224,8 @@ def plan_scan_diag(
     ``torch.compile`` with dynamic shapes and in opcheck's dynamic test) cannot be hashed; their
     plans are built uncached, never streamed by default.
     """
-    build = _plan if type(batch) is int and type(channels) is int else _build_plan
     if method == "streamed" and adjoint:
-        return build(
-            batch, channels, multiprocessor_count(device), None, dtype, adjoint, None, False,
-            None, None, None, None, 1, None, None, None, None,
-        )  # fmt: skip
+        return _unstreamed_plan(batch, channels, device, dtype, adjoint)
     # Only a pass that may be streamed asks for the capability (the other calls skip it).
     streamable = (
         method is None
@@ -239,6 +235,7 @@ def plan_scan_diag(
         and steps <= STREAMED_MAX_STEPS
     )
     capability = device_capability(device) if method == "streamed" or streamable else None
+    build = _plan if type(batch) is int and type(channels) is int else _build_plan
     return build(
         batch, channels, multiprocessor_count(device), capability, dtype, adjoint, method,
         streamable, block_t, block_d, num_warps, rows, inclusive_every, window, vec, rescan,
@@ -258,12 +255,16 @@ def _unstreamed_plan(
 
 
 def _streams_by_default(
-    batch: int, channels: int, multiprocessors: int, capability: tuple[int, int] | None
+    batch: int,
+    channels: int,
+    element_size: int,
+    multiprocessors: int,
+    capability: tuple[int, int] | None,
 ) -> bool:
     """Whether a streamable bf16 forward pass (:func:`plan_scan_diag`) takes the streamed plan."""
     if capability is None or capability < _TMA_CAPABILITY:
         return False
-    if channels * 2 % _TMA_ALIGNMENT:
+    if channels * element_size % _TMA_ALIGNMENT:
         return False
     programs = batch * -(-channels // _STREAMED_BLOCK_D)
     low, high = STREAMED_WAVES
@@ -298,7 +299,9 @@ def _build_plan(
             method = "twopass"
         elif element_size >= 4 and batch * channels >= FEW_CHANNELS:
             method = "tiles"
-        elif streamable and _streams_by_default(batch, channels, multiprocessors, capability):
+        elif streamable and _streams_by_default(
+            batch, channels, element_size, multiprocessors, capability
+        ):
             method = "streamed"
         else:
             method = "lookback"
