@@ -1,11 +1,14 @@
 """Host-bound calls, timed as pararnn-bench times one call: for comparing two trees in one run.
 
 On one CUDA GPU: ``scan_diag`` forward (under ``no_grad``) and forward+backward at
-(8, 4096, 1536) in fp32 and bf16, and a ParaGRU layer (``scan_backend="fused"``) forward and
-forward+backward at (8, 4096, 256) in fp32. Each call is timed with a 256 MiB L2 flush before
-it and CUDA events around it, synchronized after it; its host time by ``perf_counter``. Medians
-of 30 calls after 5 warm-up calls. Which tree runs is ``PYTHONPATH``'s choice, so two trees
-compare by alternating runs in one session::
+(8, 4096, 1536) (``--scan-shape``, repeatable) in fp32 and bf16, and a ParaGRU layer
+(``scan_backend="fused"``) forward and forward+backward at (8, 4096, 256) in fp32. Each call is
+timed with a 256 MiB L2 flush before it and CUDA events around it, synchronized after it; its
+host time by ``perf_counter``. Medians of 30 calls after 5 warm-up calls. For the scans'
+forward+backward also the host time of the forward (with grad) and of the backward alone (each
+started on an idle GPU) and the time per call back to back (``do_bench``: the kernels' time
+where the host keeps ahead). Which tree runs is ``PYTHONPATH``'s choice, so two trees compare
+by alternating runs in one session::
 
     git archive <rev> packages | tar -x -C /tmp/old
     for tree in /tmp/old $PWD /tmp/old $PWD; do
@@ -15,15 +18,18 @@ compare by alternating runs in one session::
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 from collections.abc import Callable
 
 import torch
+import triton.testing
 
 import pararnn_core as pc
 import pararnn_kernels
 from pararnn_examples.bench import Shape
+from pararnn_examples.bench.cases import parse_shape
 from pararnn_examples.bench.measure import l2_flush_buffer, time_call_ms
 from pararnn_kernels import scan_diag
 
@@ -46,8 +52,9 @@ def timed(
     return statistics.median(synced), statistics.median(host)
 
 
-def scan_calls(dtype: torch.dtype, dev: torch.device) -> list[tuple[str, Callable[[], None]]]:
-    shape = (8, 4096, 1536)
+def scan_calls(
+    dtype: torch.dtype, dev: torch.device, shape: Shape
+) -> list[tuple[str, Callable[[], object]]]:
     jac = (torch.rand(*shape, device=dev) * 1.8 - 0.9).to(dtype).requires_grad_()
     rhs = torch.randn(*shape, device=dev).to(dtype).requires_grad_()
     cotangent = torch.randn(*shape, device=dev).to(dtype)
@@ -61,8 +68,33 @@ def scan_calls(dtype: torch.dtype, dev: torch.device) -> list[tuple[str, Callabl
         rhs.grad = None
         torch.autograd.backward(scan_diag(jac, rhs, backend="triton"), cotangent)
 
-    name = f"scan_diag {dtype} (8, 4096, 1536)"
-    return [(f"{name} fwd, no_grad", forward), (f"{name} fwd+bwd", forward_backward)]
+    def host_split() -> str:
+        """Host ms of the forward with grad and of its backward, each on an idle GPU."""
+        forward_ms: list[float] = []
+        backward_ms: list[float] = []
+        for _ in range(30):
+            jac.grad = None
+            rhs.grad = None
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            y = scan_diag(jac, rhs, backend="triton")
+            forward_ms.append((time.perf_counter() - t0) * 1e3)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            torch.autograd.backward(y, cotangent)
+            backward_ms.append((time.perf_counter() - t0) * 1e3)
+        back_to_back = triton.testing.do_bench(forward_backward, return_mode="median")
+        return (
+            f"host of the forward {statistics.median(forward_ms):.3f} ms, of the backward "
+            f"{statistics.median(backward_ms):.3f} ms; back to back {back_to_back:.3f} ms"
+        )
+
+    name = f"scan_diag {dtype} {tuple(shape)}"
+    return [
+        (f"{name} fwd, no_grad", forward),
+        (f"{name} fwd+bwd", forward_backward),
+        (f"{name} fwd+bwd split", host_split),
+    ]
 
 
 def layer_calls(
@@ -99,13 +131,21 @@ def gru_layer_calls(
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--scan-shape", type=parse_shape, action="append", help="BxTxD")
+    args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("host_calls.py needs a CUDA GPU")
     dev = torch.device("cuda")
     torch.manual_seed(0)
     print(f"pararnn_kernels from {pararnn_kernels.__file__}", flush=True)
     flush = l2_flush_buffer(dev)
-    scans = [*scan_calls(torch.float32, dev), *scan_calls(torch.bfloat16, dev)]
+    scans = [
+        call
+        for shape in args.scan_shape or [Shape(8, 4096, 1536)]
+        for dtype in (torch.float32, torch.bfloat16)
+        for call in scan_calls(dtype, dev, shape)
+    ]
     layer_forward, layer_forward_backward = gru_layer_calls(dev)
     layer = f"ParaGRU layer fp32 {tuple(LAYER_SHAPE)}"
     calls = [
@@ -114,6 +154,9 @@ def main() -> None:
         (f"{layer} fwd+bwd", layer_forward_backward),
     ]
     for name, fn in calls:
+        if name.endswith("split"):
+            print(f"{name[: -len(' split')]}: {fn()}", flush=True)
+            continue
         for _ in range(5):
             fn()
         torch.cuda.synchronize()

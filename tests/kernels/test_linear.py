@@ -116,7 +116,8 @@ def test_split_reduction_matches_float64(poisoned: None) -> None:
 
 @needs_interpreter
 def test_only_the_asked_gradients(poisoned: None) -> None:
-    """A frozen weight and bias: only ∂L/∂x; an input that needs none: only the weight's."""
+    """A frozen weight and bias: only ∂L/∂x; an input that needs none: only the weight's; a
+    trainable bias alone: only its gradient."""
     x = torch.randn(5, 7, requires_grad=True)
     weight, bias = torch.randn(3, 7), torch.randn(3)
     linear_tf32x3(x, weight, bias, backend="triton").sum().backward()
@@ -127,6 +128,12 @@ def test_only_the_asked_gradients(poisoned: None) -> None:
     linear_tf32x3(x, weight, None, backend="triton").sum().backward()
     assert weight.grad is not None
     assert_close(weight.grad, x.double().sum(0).expand(3, 7), tol=INTERPRETER_TOL, name="grad w")
+    weight = torch.randn(3, 7)
+    bias.requires_grad_()
+    grad_y = torch.randn(5, 3)
+    linear_tf32x3(x, weight, bias, backend="triton").backward(grad_y)
+    assert bias.grad is not None
+    assert_close(bias.grad, grad_y.double().sum(0), tol=INTERPRETER_TOL, name="grad bias")
 
 
 def test_auto_takes_f_linear_off_the_gpu_and_for_other_dtypes() -> None:
