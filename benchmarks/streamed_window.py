@@ -18,7 +18,7 @@ import functools
 from typing import Any
 
 import torch
-from bench_scan import copy_bandwidth, median_ms, random_inputs  # from this folder
+from bench_scan import _shape, copy_bandwidth, median_ms, random_inputs  # from this folder
 
 from pararnn_kernels.scan import launch
 
@@ -36,11 +36,6 @@ VARIANTS: list[tuple[str, dict[str, Any]]] = [
     ("chunked 32", {"method": "chunked", "block_d": 32}),
     ("chunked 16", {"method": "chunked", "block_d": 16}),
 ]
-
-
-def _shape(text: str) -> tuple[int, int, int]:
-    b, t, d = (int(x) for x in text.split(","))
-    return b, t, d
 
 
 def main() -> None:
