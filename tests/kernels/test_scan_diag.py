@@ -216,7 +216,7 @@ def test_look_back_flags_are_left_zeroed_for_the_next_launch(
     launch._FLAG_WORDS.clear()
     buffers = []
     with mock.patch.object(launch, "_MIN_FLAG_WORDS", 4):
-        for steps, channels in ((17, 5), (33, 9)):
+        for steps, channels in ((17, 5), (63, 9)):
             jac, rhs, h0 = make_inputs(
                 2, steps, channels, dtype=torch.float32, device="cpu", with_h0=True
             )
@@ -232,7 +232,7 @@ def test_look_back_flags_are_left_zeroed_for_the_next_launch(
             buffers.append(words)
     block_t, block_d = plan["block_t"], plan["block_d"]
     assert isinstance(block_t, int) and isinstance(block_d, int)
-    needed = 2 + 2 * math.ceil(9 / block_d) * math.ceil(math.ceil(33 / block_t) / 16)
+    needed = 2 + 2 * math.ceil(9 / block_d) * math.ceil(math.ceil(63 / block_t) / 16)
     assert buffers[1] is not buffers[0] and buffers[1].numel() >= needed
 
 
