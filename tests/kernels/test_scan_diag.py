@@ -3,7 +3,6 @@ against a float64 sequential loop (and autograd through it)."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 from unittest import mock
 
@@ -195,45 +194,6 @@ def test_chunk_and_segment_boundaries(
         assert_close(gr, ref_gr, tol=1e-5, name=f"grad rhs {label}")
         assert ref_gh is not None
         assert_close(gh, ref_gh, tol=1e-5, name=f"grad h0 {label}")
-
-
-FLAG_PLANS: list[dict[str, object]] = [
-    {"method": "lookback", "block_t": 8, "rows": 4, "block_d": 4, "inclusive_every": 4},
-    {"method": "tiles", "block_t": 4, "block_d": 8, "inclusive_every": 4},
-    {"method": "twopass", "block_t": 8, "rows": 2, "block_d": 4, "inclusive_every": 4},
-]
-
-
-@needs_interpreter
-@pytest.mark.parametrize("plan", FLAG_PLANS, ids=lambda plan: str(plan["method"]))
-def test_look_back_flags_are_left_zeroed_for_the_next_launch(
-    plan: dict[str, object], poisoned: None
-) -> None:
-    """The look-back kernels' flag words (ticket, tile states, count of programs done) come
-    from one buffer per stream that each launch's last program zeroes again: after every
-    forward and adjoint pass it is all zeros, the next launch (more words: the buffer grows)
-    finds it so, and every result matches the float64 loop."""
-    launch._FLAG_WORDS.clear()
-    buffers = []
-    with mock.patch.object(launch, "_MIN_FLAG_WORDS", 4):
-        for steps, channels in ((17, 5), (63, 9)):
-            jac, rhs, h0 = make_inputs(
-                2, steps, channels, dtype=torch.float32, device="cpu", with_h0=True
-            )
-            grad_y = torch.randn_like(rhs)
-            ref_y, ref_gj, ref_gr, _ = sequential_with_grads(jac, rhs, h0, grad_y, False)
-            y = launch.triton_scan_diag(jac, rhs, h0, reverse=False, **plan)
-            (words,) = launch._FLAG_WORDS.values()
-            assert not words.any(), f"flags left {words.tolist()} ({steps} steps)"
-            gj, gr = launch.triton_scan_diag_adjoint(jac, y, h0, grad_y, reverse=False, **plan)
-            assert not words.any(), f"flags left {words.tolist()} ({steps} steps, adjoint)"
-            for name, got, want in (("y", y, ref_y), ("jac", gj, ref_gj), ("rhs", gr, ref_gr)):
-                assert_close(got, want, tol=1e-5, name=f"{name} {plan['method']} T={steps}")
-            buffers.append(words)
-    block_t, block_d = plan["block_t"], plan["block_d"]
-    assert isinstance(block_t, int) and isinstance(block_d, int)
-    needed = 2 + 2 * math.ceil(9 / block_d) * math.ceil(math.ceil(63 / block_t) / 16)
-    assert buffers[1] is not buffers[0] and buffers[1].numel() >= needed
 
 
 def test_lookback_window_is_checked() -> None:

@@ -339,8 +339,7 @@ def _scratch(scratch_ptr, flag_ptr, BLOCK_D: tl.constexpr):
     """The look-back's scratch as ``(agg_a, agg_b, incl, flags, ticket)`` pointers: scratch_ptr
     holds three ``[n_tiles * B * n_cols_d, BLOCK_D]`` float32 slabs (published monoids and
     inclusive states, any contents; one program per tile, so the grid gives the slab size),
-    flag_ptr the ticket counter, then the tile state words, then the count of programs done
-    (int32 zeros, left zeroed by :func:`_release_flags`)."""
+    flag_ptr the ticket counter and then the tile state words (int32 zeros)."""
     slab = tl.num_programs(0).to(tl.int64) * BLOCK_D
     return scratch_ptr, scratch_ptr + slab, scratch_ptr + 2 * slab, flag_ptr + 1, flag_ptr
 
@@ -385,22 +384,6 @@ def _publish_inclusive(incl_ptr, flags, slots, tile, state, BLOCK_D: tl.constexp
 
 
 @triton.jit
-def _release_flags(words_ptr, n_tiles):
-    """Count this program out of the flag words (``words_ptr``: the ticket, then the tile
-    states, then this count); the last program to do so sets them all back to zero, so the
-    next launch finds them zeroed without a fill of its own. Called after the program's last
-    access to the flags: the acquire-release count orders every other program's flag atomics
-    before the last one's stores. Called last in the kernels, where it holds no registers of
-    theirs (the bf16 look-back tiles spilled with it placed before their second pass)."""
-    n_words = 1 + (tl.num_programs(0) // n_tiles) * tl.cdiv(n_tiles, 16)
-    done = tl.atomic_add(words_ptr + n_words, 1, sem="acq_rel")
-    if done == tl.num_programs(0) - 1:
-        for start in range(0, n_words + 1, 1024):
-            offs = start + tl.arange(0, 1024)
-            tl.store(words_ptr + offs, tl.zeros([1024], dtype=tl.int32), mask=offs <= n_words)
-
-
-@triton.jit
 def scan_diag_lookback_kernel(
     jac_ptr,
     rhs_ptr,
@@ -432,10 +415,9 @@ def scan_diag_lookback_kernel(
     Adjoint (SHIFT=GRAD_JAC=True): the first tile starts from zero; h0 is the original
     recurrence's initial state, used for ∂L/∂jac at the boundary.
     scratch_ptr: ``[3, B * n_cols_d, n_tiles, BLOCK_D]`` float32 (any contents): the published
-    tile monoids (two slabs) and inclusive states; flag_ptr: ``2 + B * n_cols_d * cdiv(n_tiles,
-    16)`` int32 zeros, the ticket counter, two state bits per tile (tile j of a column in word
-    j // 16, bits 2 (j % 16) and up) and the count of programs done; the last program done
-    zeroes them again (:func:`_release_flags`).
+    tile monoids (two slabs) and inclusive states; flag_ptr: ``1 + B * n_cols_d * cdiv(n_tiles,
+    16)`` int32 zeros, the ticket counter and then two state bits per tile (tile j of a column
+    in word j // 16, bits 2 (j % 16) and up).
     RESCAN: hold the tile's inputs in their storage dtype across the look-back and scan them a
     second time from the entering states (instead of holding the float32 scan): half the
     registers per element for 2-byte storage, so a thread can hold twice the steps.
@@ -523,8 +505,6 @@ def scan_diag_lookback_kernel(
         if HAS_H0:
             prev = tl.where(p + 1 == T, h0[None, None, :], prev)
         tl.store(grad_jac_ptr + base + rel, (y * prev).to(grad_jac_ptr.dtype.element_ty), mask=mask)
-    # Last, when the tile's values no longer hold registers.
-    _release_flags(ticket_ptr, n_tiles)
 
 
 @triton.jit
@@ -637,7 +617,6 @@ def scan_diag_twopass_kernel(
         if GRAD_JAC:
             tl.store(grad_jac_ptr + offs, (y * prev).to(grad_jac_ptr.dtype.element_ty), mask=mask)
         carry = _last_row(y, ROWS)
-    _release_flags(ticket_ptr, n_tiles)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -730,7 +709,6 @@ def scan_diag_tiles_kernel(
     tl.store(out_ptr + base + rel, y.to(out_ptr.dtype.element_ty), mask=mask)
     if GRAD_JAC:
         tl.store(grad_jac_ptr + base + rel, (y * prev).to(grad_jac_ptr.dtype.element_ty), mask=mask)
-    _release_flags(ticket_ptr, n_tiles)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -100,14 +100,6 @@ _TMA_ALIGNMENT = 16
 _TMA_CAPABILITY = (9, 0)
 # Tiles whose two state bits share one int32 word in the look-back kernels (the kernels' `16`).
 _TILES_PER_WORD = 16
-#: The look-back kernels' flag words (ticket, tile states, count of programs done) live in one
-#: int32 buffer per (device, stream), zeroed once and left zeroed by every launch's last
-#: program, so a call allocates and fills none (``torch.zeros`` took about 22 µs of host time
-#: per scan under cProfile on an H100's host). Launches on one stream run in order, so they
-#: can share it.
-_FLAG_WORDS: dict[tuple[str, int | None, int], Tensor] = {}
-#: The smallest flag buffer allocated (words): most scans' flags fit in it.
-_MIN_FLAG_WORDS = 1 << 14
 
 
 @dataclass(frozen=True)
@@ -468,11 +460,11 @@ def _launch_diag_lookback(
     n_cols = batch * n_cols_d
     dev = rhs.device
     # Published tile monoids (Π a, state from zero) and inclusive states, which need no
-    # initialisation; the ticket counter, the tile states (two bits per tile) and the count of
-    # programs done start at zero (and end there). One buffer each, sliced inside the kernels
-    # (views cost host time at every call).
+    # initialisation; the ticket counter and the tile states (two bits per tile) start at zero.
+    # One buffer each, sliced inside the kernels (views cost host time at every call).
     scratch = torch.empty(3 * n_cols * n_tiles * plan.block_d, device=dev, dtype=torch.float32)
-    flags = _flag_words(dev, 2 + n_cols * math.ceil(n_tiles / _TILES_PER_WORD))
+    words = math.ceil(n_tiles / _TILES_PER_WORD)
+    flags = torch.zeros(1 + n_cols * words, device=dev, dtype=torch.int32)
     if plan.method == "tiles":
         kernel = _kernels().scan_diag_tiles_kernel
         shape = {"BLOCK_T": plan.block_t}
@@ -510,26 +502,6 @@ def _launch_diag_lookback(
         num_warps=plan.num_warps,
         **shape,
     )
-
-
-def _flag_words(device: torch.device, count: int) -> Tensor:
-    """At least ``count`` int32 zeros for a look-back launch's flags: this stream's shared
-    buffer (:data:`_FLAG_WORDS`), grown when too small; a fresh one while a CUDA graph is being
-    captured or the call is traced (a graph or a traced program keeps its own)."""
-    if device.type == "cuda":
-        if not plain_eager() or torch.cuda.is_current_stream_capturing():
-            return torch.zeros(count, device=device, dtype=torch.int32)
-        stream = torch.cuda.current_stream(device).cuda_stream
-    else:
-        stream = 0  # the interpreter runs each launch to its end before the next
-    key = (device.type, device.index, stream)
-    words = _FLAG_WORDS.get(key)
-    if words is None or words.numel() < count:
-        # A launch still reading the old buffer runs before any later use of its memory on
-        # this stream (the caching allocator reuses it in stream order).
-        words = torch.zeros(max(count, _MIN_FLAG_WORDS), device=device, dtype=torch.int32)
-        _FLAG_WORDS[key] = words
-    return words
 
 
 def _launch_diag_streamed(
