@@ -99,6 +99,8 @@ def test_available_methods_are_timed_and_match_the_float64_reference(
             continue
         assert r.median_ms is not None and r.median_ms > 0
         assert r.repeats >= 1
+        # On the CPU a call's host time is inside its wall time.
+        assert r.host_ms is not None and 0 < r.host_ms <= r.median_ms
         assert r.max_err is not None and r.max_err < 1e-4, (r.cell, r.method, r.max_err)
         assert r.err_ok is True
         assert r.reference == "sequential_fp64"
@@ -434,6 +436,8 @@ def test_a_slow_first_call_is_the_timing_only_when_nothing_compiles(first_is_war
     assert len(calls) == (1 if first_is_warm else 2)
     assert len(timing.times_ms) == 1
     assert timing.times_ms[0] >= 20.0
+    # The host time of the timed call (the call alone, inside its timing).
+    assert len(timing.host_ms) == 1 and 20.0 <= timing.host_ms[0] <= timing.times_ms[0]
     # A fast call is warmed up and repeated whatever the flag says.
     calls.clear()
     timing = measure(
@@ -445,6 +449,7 @@ def test_a_slow_first_call_is_the_timing_only_when_nothing_compiles(first_is_war
         first_is_warm=first_is_warm,
     )
     assert len(calls) == 3 + 5 and len(timing.times_ms) == 5
+    assert len(timing.host_ms) == 5  # the timed calls only, not the warm-up
 
 
 @pytest.mark.cuda

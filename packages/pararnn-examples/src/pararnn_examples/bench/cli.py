@@ -103,7 +103,7 @@ def _epilog() -> str:
         "",
         "columns (CSV and JSON; see docs/benchmarks.md, 'pararnn-bench'):",
         "  cell scope method direction batch steps width dtype device status skipped_reason",
-        "  median_ms min_ms repeats floor_bytes floor_ms pct_of_floor peak_bytes",
+        "  median_ms min_ms repeats host_ms floor_bytes floor_ms pct_of_floor peak_bytes",
         "  peak_above_start_bytes max_err err_tol err_ok reference newton_iters newton_residual",
         "  scan_backend note, then speedup_vs_<method> (JSON: speedups {method: ratio}).",
     ]

@@ -100,6 +100,8 @@ class BenchRecord:
             refused by cuDNN) or ``"error"`` (anything else went wrong).
         skipped_reason: why it was not timed ("" when ok).
         median_ms, min_ms: over the timed calls; repeats: how many.
+        host_ms: median host (CPU) time of the timed calls, until the call returned (close to
+            ``median_ms``: the device waited for the host).
         floor_bytes, floor_ms: the HBM floor model and its time at the run's copy bandwidth.
         pct_of_floor: ``100 * floor_ms / median_ms``.
         peak_bytes, peak_above_start_bytes: CUDA peak memory over the timed calls, absolute and
@@ -127,6 +129,7 @@ class BenchRecord:
     median_ms: float | None = None
     min_ms: float | None = None
     repeats: int = 0
+    host_ms: float | None = None
     floor_bytes: int | None = None
     floor_ms: float | None = None
     pct_of_floor: float | None = None
@@ -283,6 +286,7 @@ def _timed(
     record.median_ms = timing.median_ms
     record.min_ms = timing.min_ms
     record.repeats = len(timing.times_ms)
+    record.host_ms = timing.median_host_ms
     record.floor_bytes = floor
     record.floor_ms = floor / bandwidth * 1e3
     record.pct_of_floor = 100.0 * record.floor_ms / record.median_ms if record.median_ms else None

@@ -79,11 +79,18 @@ class Timing:
             (None on the CPU).
         peak_above_start_bytes: ``peak_bytes`` minus what was allocated when the timed calls
             began (inputs and parameters shared by every method), None on the CPU.
+        host_ms: the host (CPU) time of each timed call, until ``fn`` returned: where it is
+            close to ``times_ms``, the device waited for the host.
     """
 
     times_ms: tuple[float, ...]
     peak_bytes: int | None
     peak_above_start_bytes: int | None
+    host_ms: tuple[float, ...] = ()
+
+    @property
+    def median_host_ms(self) -> float | None:
+        return float(statistics.median(self.host_ms)) if self.host_ms else None
 
     @property
     def median_ms(self) -> float:
@@ -195,26 +202,34 @@ def measure(
         torch.cuda.reset_peak_memory_stats(device)
         return torch.cuda.memory_allocated(device)
 
+    host: list[float] = []
+
+    def hosted() -> None:
+        begin = time.perf_counter()
+        fn()
+        host.append((time.perf_counter() - begin) * 1e3)
+
     def timing(times: list[float], start_bytes: int) -> Timing:
         if not cuda:
-            return Timing(tuple(times), None, None)
+            return Timing(tuple(times), None, None, tuple(host))
         peak = torch.cuda.max_memory_allocated(device)
-        return Timing(tuple(times), peak, peak - start_bytes)
+        return Timing(tuple(times), peak, peak - start_bytes, tuple(host))
 
     if first_ms is None:
         start_bytes = reset_peak()
-        first = _wall_ms(fn, device)
+        first = _wall_ms(hosted, device)
         if first_is_warm and first > slow_ms:
             return timing([first], start_bytes)
+        host.clear()
     else:
         first = first_ms
     if first <= slow_ms:
         for _ in range(warmup - 1):
             fn()
     start_bytes = reset_peak()
-    times = [time_call_ms(fn, device, flush)]
+    times = [time_call_ms(hosted, device, flush)]
     if times[0] <= slow_ms:
-        times += [time_call_ms(fn, device, flush) for _ in range(repeats - 1)]
+        times += [time_call_ms(hosted, device, flush) for _ in range(repeats - 1)]
     return timing(times, start_bytes)
 
 
