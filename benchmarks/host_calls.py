@@ -30,26 +30,10 @@ import pararnn_core as pc
 import pararnn_kernels
 from pararnn_examples.bench import Shape
 from pararnn_examples.bench.cases import parse_shape
-from pararnn_examples.bench.measure import l2_flush_buffer, time_call_ms
+from pararnn_examples.bench.measure import l2_flush_buffer, measure
 from pararnn_kernels import scan_diag
 
 LAYER_SHAPE = Shape(8, 4096, 256)
-
-
-def timed(
-    fn: Callable[[], object], dev: torch.device, flush: torch.Tensor | None, calls: int = 30
-) -> tuple[float, float]:
-    """Median ms per call as ``pararnn-bench`` times it (``time_call_ms``: flush, CUDA events,
-    synchronize) and the median host ms of the call itself."""
-    host: list[float] = []
-
-    def call() -> None:
-        t0 = time.perf_counter()
-        fn()
-        host.append((time.perf_counter() - t0) * 1e3)
-
-    synced = [time_call_ms(call, dev, flush) for _ in range(calls)]
-    return statistics.median(synced), statistics.median(host)
 
 
 def scan_calls(
@@ -152,10 +136,8 @@ def main() -> None:
         (f"{layer} fwd+bwd", layer_forward_backward),
     ]
     for name, fn in calls:
-        for _ in range(5):
-            fn()
-        torch.cuda.synchronize()
-        ms, host_ms = timed(fn, dev, flush)
+        timing = measure(fn, dev, warmup=5, repeats=30, slow_ms=float("inf"), flush=flush)
+        ms, host_ms = timing.median_ms, timing.median_host_ms
         print(f"{name}: {ms:.3f} ms per synced call, host {host_ms:.3f} ms", flush=True)
     for name, split in splits:
         print(f"{name}: {split()}", flush=True)
