@@ -22,6 +22,10 @@ def device_zero(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
 
 
+class _Count(int):
+    """An int subclass (as IntEnum members are)."""
+
+
 def _tensor_at(offset: int, n: int = 32) -> torch.Tensor:
     """A contiguous float32 tensor whose data starts ``offset`` elements into an allocation."""
     return torch.zeros(n + offset)[offset:]
@@ -47,6 +51,13 @@ def test_key_separates_what_triton_specializes(device_zero: None) -> None:
     keys = [_launch_key(args, kwargs) for args, kwargs in different]
     assert all(key is not None for key in keys)
     assert len({base, *keys}) == len(keys) + 1
+    # Subclasses of the launchers' exact argument types are classified as their base types.
+    parameter = torch.nn.Parameter(aligned, requires_grad=False)
+    assert _launch_key((parameter, 48), {"BLOCK": 64, "num_warps": 1}) == base
+    assert _launch_key((aligned, _Count(48)), {"BLOCK": 64, "num_warps": 1}) == base
+    # A hashable keyword value of another type (a tuple) is kept by value.
+    shaped = _launch_key((aligned, 48), {"BLOCK": 64, "num_warps": 1, "shape": (1, 2)})
+    assert shaped is not None and shaped != base
 
 
 def test_key_refuses_arguments_it_cannot_classify(device_zero: None) -> None:

@@ -117,30 +117,52 @@ def _relaunchable(compiled: Any) -> bool:
 
 _INT32 = (-(2**31), 2**31 - 1)
 _INT64 = (-(2**63), 2**63 - 1)
+# Keyword values of these exact types are hashable and never tensors: no check of their own.
+_PLAIN_OPTIONS = frozenset({bool, int, float, str, type(None)})
 
 
 def _launch_key(args: Sequence[Any], kwargs: dict[str, Any]) -> Hashable | None:
-    """A key that separates every two launches Triton would compile differently, or None."""
+    """A key that separates every two launches Triton would compile differently, or None.
+
+    Runs at every launch: the launchers' own argument types (exact ``Tensor`` and ``int``) are
+    told apart by ``type`` first, as a chain of ``isinstance`` checks on a dozen arguments costs
+    a noticeable share of a launch's host time.
+    """
     spec: list[Hashable] = [torch.cuda.current_device()]
+    append = spec.append
     for arg in args:
-        if isinstance(arg, Tensor):
-            spec.append((arg.dtype, arg.data_ptr() % 16 == 0))
+        kind = type(arg)
+        if kind is Tensor:
+            append((arg.dtype, arg.data_ptr() % 16 == 0))
+        elif kind is int:
+            append(_int_spec(arg))
+        elif isinstance(arg, Tensor):
+            append((arg.dtype, arg.data_ptr() % 16 == 0))
         elif isinstance(arg, bool):
-            spec.append(("b", arg))
+            append(("b", arg))
         elif isinstance(arg, int):
-            width = (
-                0 if _INT32[0] <= arg <= _INT32[1] else 1 if _INT64[0] <= arg <= _INT64[1] else 2
-            )
-            spec.append(("i", arg % 16 == 0, arg == 1, width))
+            append(_int_spec(arg))
         elif isinstance(arg, float):
-            spec.append("f")
+            append("f")
         else:
             return None
-    options = tuple(kwargs.items())
+    for value in kwargs.values():
+        if type(value) not in _PLAIN_OPTIONS and not _plain_option(value):
+            return None
+    return (tuple(spec), tuple(kwargs.items()))
+
+
+def _int_spec(value: int) -> Hashable:
+    width = 0 if _INT32[0] <= value <= _INT32[1] else 1 if _INT64[0] <= value <= _INT64[1] else 2
+    return ("i", value % 16 == 0, value == 1, width)
+
+
+def _plain_option(value: object) -> bool:
+    """Whether a keyword value of another type may stand in a key: hashable, not a tensor."""
+    if isinstance(value, Tensor):
+        return False
     try:
-        hash(options)
+        hash(value)
     except TypeError:
-        return None
-    if any(isinstance(value, Tensor) for value in kwargs.values()):
-        return None
-    return (tuple(spec), options)
+        return False
+    return True
