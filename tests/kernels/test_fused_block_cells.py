@@ -40,6 +40,10 @@ from pararnn_kernels.fused import (
     reference_lstm_sequential,
     reference_slstm_sequential,
 )
+from pararnn_kernels.fused import _layer as fused_layer
+from pararnn_kernels.fused.lstm import LSTM as LSTM_SPEC
+from pararnn_kernels.fused.slstm import SLSTM as SLSTM_SPEC
+from pararnn_kernels.scan.launch import triton_next_power_of_2
 from pararnn_kernels.testing import assert_close
 
 from .conftest import needs_cuda, needs_interpreter
@@ -119,6 +123,8 @@ SLSTM = BlockCell(
     (0.0, SLSTM_EMPTY_LOG_NORMALISER, 0.0),
 )
 CELLS = [pytest.param(LSTM, id="lstm"), pytest.param(SLSTM, id="slstm")]
+#: Each cell's kernel spec (its default tiles), by name.
+SPECS = {"lstm": LSTM_SPEC, "slstm": SLSTM_SPEC}
 
 
 def _reference(cell: BlockCell, u: Tensor, weights: list[Tensor], h0: Tensor | None, grad):
@@ -254,16 +260,41 @@ def test_fused_block_cell_segments_chain_a_long_memory_in_interpreter(poisoned, 
 
 @needs_interpreter
 @pytest.mark.parametrize("cell", CELLS)
-@pytest.mark.parametrize("shape", [(2, 17, 5), (1, 17, 1030)], ids=["narrow", "beyond-narrow"])
-def test_fused_block_cell_default_backward_tiles_in_interpreter(poisoned, cell, shape):
-    # The backward with no tile arguments: the narrow tile while B·D <= 2^10, the cell's
-    # default tile beyond (1030 channels: a partial channel block, T = 17: partial chunks).
+@pytest.mark.parametrize("shape", [(2, 17, 5), (2, 17, 13)], ids=["narrow", "beyond-narrow"])
+def test_fused_block_cell_default_backward_tiles_in_interpreter(poisoned, monkeypatch, cell, shape):
+    # The backward with no tile arguments: the narrow tile while B·D is at most the threshold,
+    # the cell's default tile beyond. The threshold (2^10 channels) is lowered to 16 here, so
+    # that B·D = 26 takes the default tile at a size the interpreter runs in seconds (13
+    # channels: a partial channel block of the 8-channel tiles; T = 17: partial chunks).
+    monkeypatch.setattr(fused_layer, "_NARROW_BACKWARD", 16)
+    launches: list[dict[str, Any]] = []
+    launchable = fused_layer.launchable
+
+    def recorded(kernel: Any) -> Any:
+        target = launchable(kernel)
+
+        class Recorder:
+            def __getitem__(self, grid: Any) -> Any:
+                def launch(*args: Any, **kwargs: Any) -> Any:
+                    launches.append(kwargs)
+                    return target[grid](*args, **kwargs)
+
+                return launch
+
+        return Recorder()
+
+    monkeypatch.setattr(fused_layer, "launchable", recorded)
     batch, steps, channels = shape
     u, weights, h0 = cell.layer(batch, steps, channels, "cpu")
     grad = torch.randn(batch, steps, channels, cell.k)
     ref_states, *refs = _reference(cell, u, weights, h0, grad)
+    launches.clear()
     grads = cell.backward(u, *weights, h0, ref_states.float(), grad)
     _check_gradients(cell, weights, grads, refs, F32_TOL, f"{cell.name} default backward {shape}")
+    spec = SPECS[cell.name]
+    block_t, block_d, warps = spec.backward_narrow if batch * channels <= 16 else spec.backward_tile
+    tile = (block_t, min(block_d, triton_next_power_of_2(channels)), warps)
+    assert [(k["BLOCK_T"], k["BLOCK_D"], k["num_warps"]) for k in launches] == [tile]
 
 
 #: (block_d, rows, num_warps, vec) plans of the sequential kernels: the default (64 channels,
