@@ -266,7 +266,8 @@ def test_fused_block_cell_default_backward_tiles_in_interpreter(poisoned, monkey
     # the cell's default tile beyond. The threshold (2^10 channels) is lowered to 16 here, so
     # that B·D = 26 takes the default tile at a size the interpreter runs in seconds (13
     # channels: a partial channel block of the 8-channel tiles; T = 17: partial chunks).
-    monkeypatch.setattr(fused_layer, "_NARROW_BACKWARD", 16)
+    threshold = 16
+    monkeypatch.setattr(fused_layer, "_NARROW_BACKWARD", threshold)
     launches: list[dict[str, Any]] = []
     launchable = fused_layer.launchable
 
@@ -292,7 +293,8 @@ def test_fused_block_cell_default_backward_tiles_in_interpreter(poisoned, monkey
     grads = cell.backward(u, *weights, h0, ref_states.float(), grad)
     _check_gradients(cell, weights, grads, refs, F32_TOL, f"{cell.name} default backward {shape}")
     spec = SPECS[cell.name]
-    block_t, block_d, warps = spec.backward_narrow if batch * channels <= 16 else spec.backward_tile
+    narrow = batch * channels <= threshold
+    block_t, block_d, warps = spec.backward_narrow if narrow else spec.backward_tile
     tile = (block_t, min(block_d, triton_next_power_of_2(channels)), warps)
     assert [(k["BLOCK_T"], k["BLOCK_D"], k["num_warps"]) for k in launches] == [tile]
 
