@@ -319,11 +319,16 @@ def _linear_launches(rec: _Recorder) -> None:
     ops._matmul(grad_y, weight.t().contiguous().t())
     rec.origin = "linear_tf32x3 split reduction"
     ops._matmul(torch.empty(20, 1100), torch.empty(24, 1100).t())
+    # The weight gradient: bf16x6 products on the operands as stored (both reduce along rows).
+    rec.origin = "linear_tf32x3 grad weight"
+    ops._matmul(grad_y.t(), x, precision="bf16x6")
     # The plan of compute capability 9.x (64 steps of the reduction per stage): the tensors
     # here are the CPU's, whose plan is the other one.
     with mock.patch.object(ops, "device_capability", return_value=(9, 0)):
         rec.origin = "linear_tf32x3 forward, sm_90 plan"
         ops._matmul(x, weight.t(), bias)
+        rec.origin = "linear_tf32x3 grad weight, sm_90 plan"
+        ops._matmul(grad_y.t(), x, precision="bf16x6")
 
 
 def record_launches() -> list[Launch]:

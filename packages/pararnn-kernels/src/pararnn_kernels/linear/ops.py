@@ -10,10 +10,13 @@ significant bits per product instead of TF32's 11, at the tensor cores' throughp
 The tensor cores' float32 products read tiles that are contiguous along the reduction: the
 forward ``x Wᵀ`` has both operands so, and ``∂L/∂x = ∂L/∂y W`` does once the (small) weight is
 copied to that layout. The weight gradient ``(∂L/∂y)ᵀ x`` reduces over the rows of both, which
-neither is contiguous along, and the kernel ran it at 0.61x PyTorch's float32 GEMM on an H100
-(docs/benchmarks.md): the weight and bias gradients stay PyTorch's. A reduction that fills too
-few output tiles is split along its length into slices summed afterwards in a fixed order
-(no atomics: repeatable to the bit).
+neither is contiguous along (tf32x3 ran it at 0.61-0.73x PyTorch's float32 GEMM on an H100), so
+it takes ``"bf16x6"`` products instead: each float32 tile split into three bfloat16 parts in the
+kernel and six products of them on the bfloat16 tensor cores, which read either orientation
+(on an H100 1.30-1.36x PyTorch's float32 GEMM, with a quarter of its error; docs/benchmarks.md).
+The bias gradient stays PyTorch's (a matrix-vector product). A reduction that fills too few
+output tiles is split along its length into slices summed afterwards in a fixed order (no
+atomics: repeatable to the bit).
 
 Traced calls (``torch.compile``, fake tensors) run ``F.linear``: the compiler picks its own GEMMs.
 """
@@ -110,10 +113,11 @@ def _matmul(
     plan: GemmPlan | None = None,
     precision: str = "tf32x3",
 ) -> Tensor:
-    """``a [M, K] @ b [K, N] (+ bias [N])`` in float32 by the tf32x3 kernel; operands of any
-    strides (fast when both are contiguous along K: ``a.stride(1) == b.stride(0) == 1``).
-    ``plan`` (default :func:`plan_gemm`'s) and ``precision`` (``tl.dot``'s, e.g. ``"tf32"``)
-    are for benchmarks."""
+    """``a [M, K] @ b [K, N] (+ bias [N])`` in float32 by the kernel; operands of any strides.
+    ``precision``: ``"tf32x3"`` (fast when both operands are contiguous along K:
+    ``a.stride(1) == b.stride(0) == 1``), ``"bf16x6"`` (either orientation: the weight
+    gradient), or for benchmarks ``tl.dot``'s own (``"tf32"``, ``"ieee"``). ``plan`` (default
+    :func:`plan_gemm`'s) is for benchmarks."""
     m, k = a.shape
     n = b.shape[1]
     plan = plan or plan_gemm(m, n, k, a.device)
@@ -135,8 +139,9 @@ def _matmul(
 
 class _LinearTF32x3(torch.autograd.Function):
     """``y = x Wᵀ + b`` on ``x [M, K]`` by the kernel; backward ``∂L/∂x = ∂L/∂y W`` by the
-    kernel (on a copy of W contiguous along its rows' reduction), ``∂L/∂W = (∂L/∂y)ᵀ x`` and
-    ``∂L/∂b = Σ_rows ∂L/∂y`` by PyTorch (module docstring)."""
+    kernel (on a copy of W contiguous along its rows' reduction), ``∂L/∂W = (∂L/∂y)ᵀ x`` by the
+    kernel's bf16x6 products on the operands as stored, ``∂L/∂b = Σ_rows ∂L/∂y`` by PyTorch
+    (module docstring)."""
 
     @staticmethod
     def forward(ctx: Any, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
@@ -153,7 +158,7 @@ class _LinearTF32x3(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             grad_x = _matmul(grad_y, weight.t().contiguous().t())
         if ctx.needs_input_grad[1]:
-            grad_w = grad_y.t().mm(x)
+            grad_w = _matmul(grad_y.t(), x, precision="bf16x6")
         if ctx.has_bias and ctx.needs_input_grad[2]:
             # Σ_rows as a matrix-vector product: cuBLAS's GEMV read [32768, 768] in 48 µs on
             # an H100 where the column reduction of ``grad_y.sum(0)`` took 77 µs.
@@ -241,9 +246,9 @@ def linear_tf32x3(
 ) -> Tensor:
     """``x @ weight.T + bias`` for float32 operands, its products taken on the tensor cores as
     three TF32 products each (module docstring), accumulated in float32; differentiable in all
-    three (``∂L/∂x`` the same way; the weight and bias gradients by PyTorch), once: on the
-    kernel's path the backward is not itself differentiable (``create_graph=True`` through it
-    raises), as for the library's scans and Newton solves.
+    three (``∂L/∂x`` the same way, ``∂L/∂W`` by bf16x6 products, ``∂L/∂b`` by PyTorch), once:
+    on the kernel's path the backward is not itself differentiable (``create_graph=True``
+    through it raises), as for the library's scans and Newton solves.
 
     Args:
         x: ``[..., d_in]``.
