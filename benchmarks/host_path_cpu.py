@@ -3,10 +3,11 @@
 A scan call's host time (validation, the autograd function, the plan, the allocations, the
 relaunch key) is what the GPU waits for at moderate sizes (docs/benchmarks.md), and GPU time is
 scarce. This runs the public ``scan_diag`` on CPU tensors under ``TRITON_INTERPRET=1`` with
-the kernel launch replaced by a stand-in that does what :class:`pararnn_kernels._launch._Relauncher`
-does on a hit (the launch key, the lookup, the argument tuple in signature order) and launches
-nothing, so the time left is the library's own Python and torch ops. CPU tensor ops are cheaper
-than CUDA ones and the CI machine's Python is 3-10x faster than the GPU hosts', so compare
+the launches going through :class:`pararnn_kernels._launch._Relauncher` itself, over kernels
+that "compile" to no-ops, so every launch after the first takes the relauncher's hit path (the
+launch key, the lookup, the arguments in signature order, the call of the compiled kernel) and
+the time left is the library's own Python and torch ops. CPU tensor ops are cheaper than CUDA
+ones and the CI machine's Python is 3-10x faster than the GPU hosts', so compare
 trees on one machine, not absolute figures with a GPU's::
 
     python3 benchmarks/host_path_cpu.py --shape 1x32x64
@@ -38,29 +39,35 @@ from pararnn_kernels import _launch, scan_diag
 from pararnn_kernels.scan import launch
 
 
-class _StandIn:
-    """A relauncher that has every kernel compiled: key, lookup and arguments, no launch."""
+class _Compiled:
+    """Stands in for a compiled kernel: the relauncher keeps it and launches it (a no-op)."""
 
-    def __init__(self, kernel: Any) -> None:
-        self.names = tuple(kernel.arg_names)
-        self.compiled: dict[Any, Any] = {}
+    function = None
 
     def __getitem__(self, grid: Any) -> Callable[..., None]:
-        def launch_hit(*args: Any, **kwargs: Any) -> None:
-            self.compiled.get(_launch._launch_key(args, kwargs))
-            _bound = (*args, *(kwargs[name] for name in self.names[len(args) :]))
+        return lambda *args: None
 
-        return launch_hit
+
+class _Uncompiled:
+    """Stands in for a ``@triton.jit`` kernel: its first launch "compiles" to :class:`_Compiled`."""
+
+    def __init__(self, kernel: Any) -> None:
+        self.arg_names = kernel.arg_names
+
+    def __getitem__(self, grid: Any) -> Callable[..., _Compiled]:
+        return lambda *args, **kwargs: _Compiled()
 
 
 def install_stand_ins() -> None:
-    """Route every scan launch of this process to :class:`_StandIn` (device 0 for the key)."""
-    stand_ins: dict[Any, _StandIn] = {}
+    """Route every scan launch of this process through a real relauncher whose kernels compile
+    to no-ops, so every launch after the first takes the relauncher's own hit path (device 0
+    for the key)."""
+    relaunchers: dict[Any, _launch._Relauncher] = {}
 
-    def launchable(kernel: Any) -> _StandIn:
-        if kernel not in stand_ins:
-            stand_ins[kernel] = _StandIn(kernel)
-        return stand_ins[kernel]
+    def launchable(kernel: Any) -> _launch._Relauncher:
+        if kernel not in relaunchers:
+            relaunchers[kernel] = _launch._Relauncher(_Uncompiled(kernel))
+        return relaunchers[kernel]
 
     launch.launchable = launchable  # type: ignore[assignment]
     torch.cuda.current_device = lambda: 0
