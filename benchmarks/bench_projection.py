@@ -2,11 +2,11 @@
 
 On one CUDA GPU, under PyTorch's default ``"highest"`` float32 matmul precision:
 
-1. The two GEMMs of a projection ``[B·T, d] -> [B·T, 3d]`` that the kernel runs (the forward,
-   and ∂L/∂x with the weight copied to be contiguous along the reduction), and the weight
-   gradient by the kernel on copies of both operands (PyTorch runs it in the layer): PyTorch in
-   IEEE float32, PyTorch in TF32, and the tf32x3 kernel; ``do_bench`` medians in µs, each one's
-   largest error against a float64 product relative to the product's largest element, and the
+1. The three GEMMs of a projection ``[B·T, d] -> [B·T, 3d]`` as the kernel runs them: the
+   forward and ∂L/∂x (the weight copied to be contiguous along the reduction) by tf32x3
+   products, and the weight gradient on the stored layout by bf16x6 products: PyTorch in IEEE
+   float32, PyTorch in TF32, and the kernel; ``do_bench`` medians in µs, each one's largest
+   error against a float64 product relative to the product's largest element, and the
    kernel's plan.
 2. A layer's forward+backward (``newton_apply`` with the fused kernels, ``cell.output``), each
    captured in a CUDA graph and replayed (``stats="device"``), with ``proj.backend = "eager"``
@@ -43,9 +43,11 @@ def relative_error(got: Tensor, want: Tensor) -> float:
     return float((got.double() - want).abs().max()) / max(float(want.abs().max()), 1e-30)
 
 
-def time_gemm(name: str, a: Tensor, b: Tensor, ours: Callable[[], Tensor]) -> None:
+def time_gemm(
+    name: str, a: Tensor, b: Tensor, ours: Callable[[], Tensor], precision: str = "tf32x3"
+) -> None:
     """``a @ b`` by PyTorch in float32 and in TF32, and ``ours()`` (the kernel's way of the same
-    product); prints a line."""
+    product, by ``precision``'s products); prints a line."""
     want = a.double() @ b.double()
     torch.backends.cuda.matmul.allow_tf32 = False
     ieee_us, ieee_err = median_us(lambda: a @ b), relative_error(a @ b, want)
@@ -57,16 +59,16 @@ def time_gemm(name: str, a: Tensor, b: Tensor, ours: Callable[[], Tensor]) -> No
     print(
         f"GEMM [{a.shape[0]}, {a.shape[1]}] @ [{b.shape[0]}, {b.shape[1]}] {name}: "
         f"float32 {ieee_us:.1f} us (error {ieee_err:.1e}), TF32 {tf32_us:.1f} us "
-        f"({tf32_err:.1e}), tf32x3 {ours_us:.1f} us ({ours_err:.1e}), "
+        f"({tf32_err:.1e}), {precision} {ours_us:.1f} us ({ours_err:.1e}), "
         f"{ieee_us / ours_us:.2f}x; {plan}",
         flush=True,
     )
 
 
 def gemms(rows: int, width: int, gates: int, dev: torch.device) -> None:
-    """The two GEMMs of a projection that the kernel runs: the forward, and ∂L/∂x with the
-    weight copied to be contiguous along the reduction (the copy timed with it); and the weight
-    gradient, which PyTorch runs, by the kernel on copies of both operands."""
+    """The three GEMMs of a projection as the kernel runs them: the forward, ∂L/∂x with the
+    weight copied to be contiguous along the reduction (the copy timed with it), and the weight
+    gradient on the operands as stored (bf16x6: the layout tf32x3 reads slowly)."""
     x = torch.randn(rows, width, device=dev)
     weight = torch.randn(gates * width, width, device=dev) / width**0.5
     grad_y = torch.randn(rows, gates * width, device=dev)
@@ -74,13 +76,12 @@ def gemms(rows: int, width: int, gates: int, dev: torch.device) -> None:
     time_gemm(
         "∂L/∂x = g W", grad_y, weight, lambda: ops._matmul(grad_y, weight.t().contiguous().t())
     )
-    # Not run by the kernel (PyTorch's GEMM is): the weight gradient with both operands copied
-    # to be contiguous along the reduction, copies timed with it -- whether they would pay.
     time_gemm(
-        "∂L/∂W = gᵀ x (both copied)",
+        "∂L/∂W = gᵀ x",
         grad_y.t(),
         x,
-        lambda: ops._matmul(grad_y.t().contiguous(), x.t().contiguous().t()),
+        lambda: ops._matmul(grad_y.t(), x, precision="bf16x6"),
+        precision="bf16x6",
     )
 
 

@@ -130,6 +130,26 @@ def test_fused_sequential_pick_is_never_a_silent_nan():
         pc.fused.fused_newton_apply(cell, u, h0, pc.NewtonConfig(), "fused_sequential")
 
 
+@needs_interpreter
+def test_fused_sequential_apply_checks_its_states_when_asked():
+    """stats="sync" raises from the forward, "deferred" from the backward before any gradient
+    is handed on, "device" (the default) never looks; a bad mode names the argument."""
+    cell = pc.ParaGRU(3, 4)
+    x = torch.randn(2, 10, 3)
+    x[1, 4, 0] = float("nan")
+    states = pc.fused_sequential_apply(cell, x)
+    assert states[1, 4:].isnan().all() and states[0].isfinite().all()
+    with pytest.raises(pc.NewtonDivergenceError, match="fused sequential recurrence"):
+        pc.fused_sequential_apply(cell, x, stats="sync")
+    leaf = x.clone().requires_grad_()
+    states = pc.fused_sequential_apply(cell, leaf, stats="deferred")
+    with pytest.raises(pc.NewtonDivergenceError, match="fused sequential recurrence"):
+        states.sum().backward()
+    assert leaf.grad is None and all(p.grad is None for p in cell.parameters())
+    with pytest.raises(ValueError, match="stats must be 'sync', 'deferred' or 'device', got 'on'"):
+        pc.fused_sequential_apply(cell, x, stats="on")  # type: ignore[arg-type]
+
+
 class _SubclassedGRU(pc.ParaGRU):
     """A subclass may change the step, so it does not inherit the fused kernels."""
 

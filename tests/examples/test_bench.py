@@ -42,6 +42,7 @@ from pararnn_examples.bench import (
 )
 from pararnn_examples.bench.cli import main
 from pararnn_examples.bench.measure import set_tf32
+from pararnn_kernels.dispatch import triton_interpret_mode
 
 SHAPES = (Shape(1, 8, 4), Shape(1, 16, 4))  # one sequence: half the interpreter's programs
 BUILTIN = ("newton_fused", "newton_unfused", "sequential_fused", "sequential_eager", "cudnn")
@@ -166,6 +167,30 @@ def test_deferred_newton_stats_time_the_same_solve(
         twin = sync[(r.scope, r.steps, r.direction)]
         assert r.status == "ok" and r.err_ok is True, r.skipped_reason
         assert (r.newton_iters, r.newton_residual) == (twin.newton_iters, twin.newton_residual)
+
+
+@pytest.mark.parametrize("mode", ["sync", "device"])
+def test_fused_sequential_checks_its_states_as_the_newton_methods_wait(
+    monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    """The fused sequential method runs with ``stats=newton_stats``, so a ratio against a
+    Newton method compares two layers that wait for the device alike."""
+    if not (triton_interpret_mode() or torch.cuda.is_available()):
+        pytest.skip("the fused kernels need TRITON_INTERPRET=1 on the CPU")
+    asked: list[str] = []
+    fused_sequential_apply = pc.fused_sequential_apply
+
+    def spy(cell: Any, x: Any, h0: Any = None, *, stats: Any = "device") -> Any:
+        asked.append(stats)
+        return fused_sequential_apply(cell, x, h0, stats=stats)
+
+    monkeypatch.setattr(pc, "fused_sequential_apply", spy)
+    config = tiny(
+        cells=("ParaGRU",), shapes=SHAPES[:1], methods=("sequential_fused",), newton_stats=mode
+    )
+    records = run_bench(config, progress=False).records
+    assert asked and set(asked) == {mode}
+    assert records and all(r.status == "ok" and r.err_ok for r in records), records
 
 
 def test_cudnn_is_skipped_on_the_cpu(result: BenchResult) -> None:

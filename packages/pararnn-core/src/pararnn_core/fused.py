@@ -254,7 +254,7 @@ def _sequential_stats(
     finite = torch.isfinite(states[:, -1]).all()
     where = (
         f" in a {type(cell).__name__} layer (B={u.shape[0]}, T={u.shape[1]}): the fused "
-        "sequential recurrence (picked by scan_backend='auto') produced non-finite states"
+        "sequential recurrence produced non-finite states"
     )
     threshold = config.divergence_threshold
 
@@ -337,7 +337,13 @@ def fused_newton_apply(
     return states, stats_out[0]
 
 
-def fused_sequential_apply(cell: ParaCell, x: Tensor, h0: Tensor | None = None) -> Tensor:
+def fused_sequential_apply(
+    cell: ParaCell,
+    x: Tensor,
+    h0: Tensor | None = None,
+    *,
+    stats: Literal["sync", "deferred", "device"] = "device",
+) -> Tensor:
     """Run a cell over a sequence one step at a time in one fused kernel.
 
     The fast ``.eval()`` path of :class:`~pararnn_core.ParaRNN` and the honest sequential
@@ -348,12 +354,22 @@ def fused_sequential_apply(cell: ParaCell, x: Tensor, h0: Tensor | None = None) 
         x: ``[B, T, d_in]`` inputs on CUDA (or CPU under ``TRITON_INTERPRET=1``).
         h0: ``[B, *S]`` initial state (``[B, d_h]`` for ParaGRU, ``[B, d_h, k]`` for the block
             cells), or None for the cell's empty state.
+        stats: when non-finite states are looked for, as :class:`NewtonConfig`'s ``stats``
+            (a non-finite value carries forward in time, so the last state shows any).
+            ``"device"`` (default): never -- nothing waits for the device (eval, decoding, a
+            CUDA graph). ``"sync"``: at the end of the forward, one host sync, raising
+            :class:`NewtonDivergenceError` there, as a training layer with the default
+            config does when ``scan_backend="auto"`` picks this kernel. ``"deferred"``: in the
+            backward, after it has queued its device work and before it hands any gradient on
+            (a forward with no backward is not checked).
 
     Returns:
         ``states [B, T, *S]``, as :func:`~pararnn_core.sequential_apply` returns them.
 
     Raises:
-        ValueError: the cell has no fused kernels, or the device/dtype cannot run them.
+        ValueError: the cell has no fused kernels, the device/dtype cannot run them, or
+            ``stats`` is not one of the three modes.
+        NewtonDivergenceError: ``stats="sync"`` and a state is not finite.
     """
     cell = check_cell(cell)
     _require_kernels(cell, "fused_sequential_apply", "sequential_apply")
@@ -361,8 +377,7 @@ def fused_sequential_apply(cell: ParaCell, x: Tensor, h0: Tensor | None = None) 
     h0_t = check_state(cell, h0, x.shape[0], x)
     u = cell.project(x)
     check_fused_supported(u)
-    # The states are the recurrence itself, returned as they are: no statistics to wait for
-    # (and so no host sync, in eval, in decoding and in a CUDA graph).
-    config = NewtonConfig(scan_backend="fused", stats="device")
+    # The states are the recurrence itself: the only statistic is whether they are finite.
+    config = NewtonConfig(scan_backend="fused", stats=stats)
     states, _stats = fused_newton_apply(cell, u, h0_t, config, "fused_sequential")
     return states

@@ -186,7 +186,8 @@ class BenchConfig:
             reference is a float64 Newton solve converged to a residual of 1e-10.
         newton_iters: ``NewtonConfig.max_iters`` of the Newton methods.
         newton_tol: ``NewtonConfig.tol`` of the Newton methods (None: exactly ``newton_iters``).
-        newton_stats: ``NewtonConfig.stats`` of the Newton methods: ``"sync"`` (the forward reads
+        newton_stats: ``NewtonConfig.stats`` of the Newton methods, and the ``stats`` of the
+            fused sequential method (when its states are checked): ``"sync"`` (the forward reads
             the solve's statistics back before it returns) or ``"deferred"`` (it waits for
             nothing; the statistics are read after the case's first call, and the
             forward+backward's wait moves into the layer's backward) or ``"device"`` (nothing

@@ -260,7 +260,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--newton-stats",
         choices=NEWTON_STATS,
         default=None,
-        help="NewtonConfig.stats of the Newton methods: 'sync' (default without "
+        help="NewtonConfig.stats of the Newton methods, and when the fused sequential "
+        "method checks its states: 'sync' (default without "
         "--cuda-graphs) reads the solve's statistics back in the forward, 'deferred' lets "
         "the forward return without waiting, 'device' (the default and the only choice with "
         "--cuda-graphs) waits for nothing at all (the statistics are read after each case's "

@@ -3,7 +3,9 @@
 =====================  ===========================================================================
 ``newton_fused``       ``newton_apply(cell, x, config=NewtonConfig(scan_backend="fused"))``
 ``newton_unfused``     the same with ``scan_backend="triton"`` (``"eager"`` on the CPU)
-``sequential_fused``   ``pararnn_core.fused_sequential_apply(cell, x)``, when that function exists
+``sequential_fused``   ``pararnn_core.fused_sequential_apply(cell, x, stats=...)``, when that
+                       function exists; ``stats`` as the Newton methods' (``--newton-stats``),
+                       so both sides of a ratio wait for the device alike
 ``sequential_eager``   ``pararnn_core.sequential_apply``: the Python step loop (T <= max_seq_steps)
 ``cudnn``              ``nn.GRU`` (ParaGRU) / ``nn.LSTM`` (ParaLSTM) of the same width, batch_first;
                        CUDA and scope ``"layer"`` only
@@ -25,6 +27,7 @@ are checked against :func:`scan_reference`, the float64 step loop on the same ``
 from __future__ import annotations
 
 import copy
+import inspect
 from collections.abc import Callable
 from typing import Final
 
@@ -41,7 +44,8 @@ from .registry import Method, Reference, Runner, register_method
 __all__ = ["FUSED_SEQUENTIAL_NAME", "SCAN_REFERENCE_KEY", "pararnn_reference", "scan_reference"]
 
 #: The fused sequential kernel's public name in pararnn_core, looked up at run time:
-#: ``fused_sequential_apply(cell, x, h0=None) -> states [B, T, *S]``.
+#: ``fused_sequential_apply(cell, x, h0=None, *, stats="device") -> states [B, T, *S]`` (a
+#: version without the ``stats`` keyword is called without it).
 FUSED_SEQUENTIAL_NAME: Final = "fused_sequential_apply"
 #: Residual the float64 Newton reference must reach, and its iteration budget.
 _REFERENCE_TOL: Final = 1e-10
@@ -194,11 +198,22 @@ def _build_fused_sequential(case: Case, inputs: CaseInputs, config: BenchConfig)
     if fn is None:
         raise NotImplementedError(_fused_sequential_available(case, config))
 
+    # The divergence check waits for the device as the Newton methods' statistics do: with
+    # "sync" the forward reads it back, as a training layer whose "auto" picks this kernel does.
+    options = {"stats": config.newton_stats} if _takes_stats(fn) else {}
+
     def apply(cell: pc.ParaCell, x: Tensor) -> tuple[Tensor, pc.NewtonStats | None]:
-        states: Tensor = fn(cell, x)
+        states: Tensor = fn(cell, x, **options)
         return states, None
 
     return _pararnn_runner(case, inputs, config, apply)
+
+
+def _takes_stats(fn: Callable[..., Tensor]) -> bool:
+    try:
+        return "stats" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # pragma: no cover - a builtin without a signature
+        return False
 
 
 def _sequential_eager_available(case: Case, config: BenchConfig) -> str | None:
