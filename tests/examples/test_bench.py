@@ -45,7 +45,9 @@ from pararnn_examples.bench.measure import set_tf32
 from pararnn_kernels.dispatch import triton_interpret_mode
 
 SHAPES = (Shape(1, 8, 4), Shape(1, 16, 4))  # one sequence: half the interpreter's programs
-BUILTIN = ("newton_fused", "newton_unfused", "sequential_fused", "sequential_eager", "cudnn")
+BUILTIN = (
+    "newton_fused", "newton_unfused", "newton_auto", "sequential_fused", "sequential_eager", "cudnn"
+)  # fmt: skip
 #: Every registered method of the cell scopes: the built-in ones and the peers' (skipped here).
 CELL_METHODS = tuple(m for m in method_names() if set(get_method(m).scopes) & set(CELL_SCOPES))
 #: The columns the harness documents (docs/benchmarks.md, "pararnn-bench").
@@ -94,7 +96,7 @@ def test_available_methods_are_timed_and_match_the_float64_reference(
     result: BenchResult,
 ) -> None:
     for r in result.records:
-        if r.method in ("newton_unfused", "sequential_eager"):
+        if r.method in ("newton_unfused", "newton_auto", "sequential_eager"):
             assert r.status == "ok", (r.method, r.skipped_reason)
         if r.status != "ok":
             continue
@@ -115,6 +117,9 @@ def test_available_methods_are_timed_and_match_the_float64_reference(
             assert r.newton_residual is not None and r.newton_residual < 1e-5
     unfused = [r for r in result.records if r.method == "newton_unfused"]
     assert {r.scan_backend for r in unfused} == {"eager"}
+    # "auto" keeps the unfused path on the CPU (the fused kernels are picked on CUDA only).
+    auto = [r for r in result.records if r.method == "newton_auto"]
+    assert auto and {r.scan_backend for r in auto} == {"eager"}
 
 
 def test_fused_methods_are_skipped_with_a_reason_or_timed(result: BenchResult) -> None:

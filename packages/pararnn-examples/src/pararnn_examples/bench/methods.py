@@ -3,6 +3,9 @@
 =====================  ===========================================================================
 ``newton_fused``       ``newton_apply(cell, x, config=NewtonConfig(scan_backend="fused"))``
 ``newton_unfused``     the same with ``scan_backend="triton"`` (``"eager"`` on the CPU)
+``newton_auto``        the same with ``scan_backend="auto"``: what ``ParaRNN`` runs by default (on
+                       CUDA the cost model's pick of fused Newton or the fused sequential kernel,
+                       recorded in ``scan_backend``)
 ``sequential_fused``   ``pararnn_core.fused_sequential_apply(cell, x, stats=...)``, when that
                        function exists; ``stats`` as the Newton methods' (``--newton-stats``),
                        so both sides of a ratio wait for the device alike
@@ -331,6 +334,13 @@ def _register_builtins() -> None:
             "newton_unfused",
             'newton_apply with scan_backend="triton" ("eager" on the CPU): unfused Newton + scans',
             _newton(_unfused_backend),
+        )
+    )
+    register_method(
+        Method(
+            "newton_auto",
+            'newton_apply with scan_backend="auto": the default path (the cost model\'s pick)',
+            _newton(lambda case: "auto"),
         )
     )
     register_method(
