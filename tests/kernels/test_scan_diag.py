@@ -196,6 +196,49 @@ def test_chunk_and_segment_boundaries(
         assert_close(gh, ref_gh, tol=1e-5, name=f"grad h0 {label}")
 
 
+FLAG_PLANS: list[dict[str, object]] = [
+    {"method": "lookback", "block_t": 8, "rows": 4, "block_d": 4, "inclusive_every": 4},
+    {"method": "tiles", "block_t": 4, "block_d": 8, "inclusive_every": 4},
+    {"method": "twopass", "block_t": 8, "rows": 2, "block_d": 4, "inclusive_every": 4},
+]
+
+
+@needs_interpreter
+@pytest.mark.parametrize("plan", FLAG_PLANS, ids=lambda plan: str(plan["method"]))
+def test_look_back_buffers_are_reused_and_cleared_for_the_next_launch(
+    plan: dict[str, object], poisoned: None
+) -> None:
+    """The look-back launches take their scratch and flags from the stream's buffers: each
+    launch clears the flag words the launch before it left set (the ticket counter at least),
+    so the buffer the next launch takes is all zeros, through a growth of the flag buffers and
+    a scratch too large to keep; every result matches the float64 loop."""
+    launch._LOOK_BACK_BUFFERS.clear()
+    kept_scratch = []
+    with (
+        mock.patch.object(launch, "_MIN_FLAG_WORDS", 16),
+        mock.patch.object(launch, "_MAX_KEPT_SCRATCH", 256),
+    ):
+        for steps, channels in ((17, 5), (9, 80), (17, 5)):
+            jac, rhs, h0 = make_inputs(
+                2, steps, channels, dtype=torch.float32, device="cpu", with_h0=True
+            )
+            grad_y = torch.randn_like(rhs)
+            ref_y, ref_gj, ref_gr, _ = sequential_with_grads(jac, rhs, h0, grad_y, False)
+            y = launch.triton_scan_diag(jac, rhs, h0, reverse=False, **plan)
+            (buffers,) = launch._LOOK_BACK_BUFFERS.values()
+            following = buffers.flags[buffers.turn]
+            assert not following.any(), f"next flags {following.tolist()} (T={steps})"
+            gj, gr = launch.triton_scan_diag_adjoint(jac, y, h0, grad_y, reverse=False, **plan)
+            following = buffers.flags[buffers.turn]
+            assert not following.any(), f"next flags {following.tolist()} (T={steps}, adjoint)"
+            for name, got, want in (("y", y, ref_y), ("jac", gj, ref_gj), ("rhs", gr, ref_gr)):
+                assert_close(got, want, tol=1e-5, name=f"{name} {plan['method']} T={steps}")
+            kept_scratch.append(buffers.scratch)
+    # 80 channels need more flag words than 16 and more scratch than is kept.
+    assert max(words.numel() for words in buffers.flags) > 16
+    assert kept_scratch[0] is kept_scratch[1] is kept_scratch[2]
+
+
 def test_lookback_window_is_checked() -> None:
     for window in (0, 3, -2, 32):
         with pytest.raises(

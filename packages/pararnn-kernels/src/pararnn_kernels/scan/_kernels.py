@@ -356,6 +356,16 @@ def _take_tile(ticket_ptr, n_tiles, n_cols_d):
 
 
 @triton.jit
+def _clear_words(clear_ptr, clear_count):
+    """Zero the first ``clear_count`` int32 words at clear_ptr (a multiple of 16), striped over
+    the grid: the flag words that the launch before this one on the same stream left set, in the
+    other of the stream's two flag buffers, which the launch after this one takes (launch.py).
+    No program of this launch reads them, so plain stores do, with no fence."""
+    for start in range(tl.program_id(0) * 16, clear_count, tl.num_programs(0) * 16):
+        tl.store(clear_ptr + start + tl.arange(0, 16), tl.zeros([16], dtype=tl.int32))
+
+
+@triton.jit
 def _entering_state(
     agg_a_ptr, agg_b_ptr, incl_ptr, flags, slots, tile, tile_a, tile_b, h0,
     HAS_H0: tl.constexpr, GRAD_JAC: tl.constexpr, BLOCK_D: tl.constexpr, WINDOW: tl.constexpr,
@@ -393,6 +403,8 @@ def scan_diag_lookback_kernel(
     grad_jac_ptr,
     scratch_ptr,
     flag_ptr,
+    clear_ptr,
+    clear_count,
     T,
     D,
     n_cols_d,
@@ -417,11 +429,13 @@ def scan_diag_lookback_kernel(
     scratch_ptr: ``[3, B * n_cols_d, n_tiles, BLOCK_D]`` float32 (any contents): the published
     tile monoids (two slabs) and inclusive states; flag_ptr: ``1 + B * n_cols_d * cdiv(n_tiles,
     16)`` int32 zeros, the ticket counter and then two state bits per tile (tile j of a column
-    in word j // 16, bits 2 (j % 16) and up).
+    in word j // 16, bits 2 (j % 16) and up); clear_ptr, clear_count: int32 words to zero
+    (:func:`_clear_words`), a multiple of 16.
     RESCAN: hold the tile's inputs in their storage dtype across the look-back and scan them a
     second time from the entering states (instead of holding the float32 scan): half the
     registers per element for 2-byte storage, so a thread can hold twice the steps.
     """
+    _clear_words(clear_ptr, clear_count)
     agg_a_ptr, agg_b_ptr, incl_ptr, flag_ptr, ticket_ptr = _scratch(scratch_ptr, flag_ptr, BLOCK_D)
     tile, col, pid_b, pid_d = _take_tile(ticket_ptr, n_tiles, n_cols_d)
     offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
@@ -545,6 +559,8 @@ def scan_diag_twopass_kernel(
     grad_jac_ptr,
     scratch_ptr,
     flag_ptr,
+    clear_ptr,
+    clear_count,
     T,
     D,
     n_cols_d,
@@ -570,6 +586,7 @@ def scan_diag_twopass_kernel(
     long and the look-back chain short: for few channels, where the one-pass tiles wait on
     their chain.
     """
+    _clear_words(clear_ptr, clear_count)
     agg_a_ptr, agg_b_ptr, incl_ptr, flag_ptr, ticket_ptr = _scratch(scratch_ptr, flag_ptr, BLOCK_D)
     tile, col, pid_b, pid_d = _take_tile(ticket_ptr, n_tiles, n_cols_d)
     offs_d = tl.max_contiguous(pid_d * BLOCK_D + tl.arange(0, BLOCK_D), VEC)
@@ -647,6 +664,8 @@ def scan_diag_tiles_kernel(
     grad_jac_ptr,
     scratch_ptr,
     flag_ptr,
+    clear_ptr,
+    clear_count,
     T,
     D,
     n_cols_d,
@@ -664,6 +683,7 @@ def scan_diag_tiles_kernel(
 
     Arguments as for scan_diag_lookback_kernel.
     """
+    _clear_words(clear_ptr, clear_count)
     agg_a_ptr, agg_b_ptr, incl_ptr, flag_ptr, ticket_ptr = _scratch(scratch_ptr, flag_ptr, BLOCK_D)
     tile, col, pid_b, pid_d = _take_tile(ticket_ptr, n_tiles, n_cols_d)
     offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)

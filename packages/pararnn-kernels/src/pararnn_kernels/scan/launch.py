@@ -33,7 +33,9 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
@@ -100,6 +102,12 @@ _TMA_ALIGNMENT = 16
 _TMA_CAPABILITY = (9, 0)
 # Tiles whose two state bits share one int32 word in the look-back kernels (the kernels' `16`).
 _TILES_PER_WORD = 16
+#: The look-back kernels' flag buffers hold at least this many int32 words (a multiple of 16:
+#: the kernels clear words in stripes of 16).
+_MIN_FLAG_WORDS = 1 << 12
+#: Look-back scratch (float32 elements) up to this size is kept from launch to launch; a larger
+#: one is allocated by its launch (a scan that large takes long enough for that not to show).
+_MAX_KEPT_SCRATCH = 1 << 22
 
 
 @dataclass(frozen=True)
@@ -462,9 +470,8 @@ def _launch_diag_lookback(
     # Published tile monoids (Π a, state from zero) and inclusive states, which need no
     # initialisation; the ticket counter and the tile states (two bits per tile) start at zero.
     # One buffer each, sliced inside the kernels (views cost host time at every call).
-    scratch = torch.empty(3 * n_cols * n_tiles * plan.block_d, device=dev, dtype=torch.float32)
-    words = math.ceil(n_tiles / _TILES_PER_WORD)
-    flags = torch.zeros(1 + n_cols * words, device=dev, dtype=torch.int32)
+    scratch_count = 3 * n_cols * n_tiles * plan.block_d
+    flag_count = 1 + n_cols * math.ceil(n_tiles / _TILES_PER_WORD)
     if plan.method == "tiles":
         kernel = _kernels().scan_diag_tiles_kernel
         shape = {"BLOCK_T": plan.block_t}
@@ -479,29 +486,112 @@ def _launch_diag_lookback(
             "VEC": plan.vec,
             "RESCAN": plan.rescan,
         }
-    launchable(kernel)[(n_tiles * n_cols,)](
-        jac,
-        rhs,
-        h0 if h0 is not None else out,
-        out,
-        prev if prev is not None else out,
-        grad_jac if grad_jac is not None else out,
-        scratch,
-        flags,
-        steps,
-        channels,
-        n_cols_d,
-        n_tiles,
-        HAS_H0=h0 is not None,
-        REVERSE=reverse,
-        SHIFT=shift,
-        GRAD_JAC=grad_jac is not None,
-        BLOCK_D=plan.block_d,
-        INCLUSIVE_EVERY=plan.inclusive_every,
-        WINDOW=plan.window,
-        num_warps=plan.num_warps,
-        **shape,
-    )
+
+    def run(scratch: Tensor, flags: Tensor, clear: Tensor, clear_count: int) -> None:
+        launchable(kernel)[(n_tiles * n_cols,)](
+            jac,
+            rhs,
+            h0 if h0 is not None else out,
+            out,
+            prev if prev is not None else out,
+            grad_jac if grad_jac is not None else out,
+            scratch,
+            flags,
+            clear,
+            clear_count,
+            steps,
+            channels,
+            n_cols_d,
+            n_tiles,
+            HAS_H0=h0 is not None,
+            REVERSE=reverse,
+            SHIFT=shift,
+            GRAD_JAC=grad_jac is not None,
+            BLOCK_D=plan.block_d,
+            INCLUSIVE_EVERY=plan.inclusive_every,
+            WINDOW=plan.window,
+            num_warps=plan.num_warps,
+            **shape,
+        )
+
+    _with_look_back_buffers(dev, scratch_count, flag_count, run)
+
+
+@dataclass
+class _LookBackBuffers:
+    """One stream's look-back buffers, reused by launch after launch (launches on one stream run
+    in order). The scratch needs no initialisation. The flag buffers alternate: a launch takes
+    ``flags[turn]``, all zeros, and its programs clear the ``dirty`` words that the launch before
+    it left set in the other buffer, which the next launch then takes. So no launch needs a zero
+    fill of its own (an allocation and a fill kernel: host time), and no program clears the
+    words its own launch still uses (that needs a fence per program: docs/kernels.md)."""
+
+    flags: list[Tensor]
+    scratch: Tensor | None = None
+    dirty: list[int] = field(default_factory=lambda: [0, 0])
+    turn: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+#: Per (device type, device index, stream): the look-back buffers (:class:`_LookBackBuffers`).
+_LOOK_BACK_BUFFERS: dict[tuple[str, int | None, int], _LookBackBuffers] = {}
+
+
+def _current_stream_handle(device: torch.device) -> int:
+    # Triton launches on this stream; its raw handle is the cheapest way to name it.
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if raw is not None:
+        handle: int = raw(index)
+        return handle
+    return int(torch.cuda.current_stream(device).cuda_stream)
+
+
+def _with_look_back_buffers(
+    device: torch.device,
+    scratch_count: int,
+    flag_count: int,
+    run: Callable[[Tensor, Tensor, Tensor, int], None],
+) -> None:
+    """``run(scratch, flags, clear, clear_count)`` with at least ``scratch_count`` float32
+    elements of scratch and ``flag_count`` int32 zeros of flags, from this stream's buffers
+    (:class:`_LookBackBuffers`). While a CUDA graph is being captured or the call is traced, a
+    fresh scratch and a fresh ``torch.zeros`` (the graph or the traced program keeps its own),
+    and nothing to clear."""
+    if device.type == "cuda":
+        if not plain_eager() or torch.cuda.is_current_stream_capturing():
+            flags = torch.zeros(flag_count, device=device, dtype=torch.int32)
+            run(torch.empty(scratch_count, device=device, dtype=torch.float32), flags, flags, 0)
+            return
+        stream = _current_stream_handle(device)
+    else:
+        stream = 0  # the interpreter runs each launch to its end before the next
+    key = (device.type, device.index, stream)
+    buffers = _LOOK_BACK_BUFFERS.get(key)
+    if buffers is None:
+        zeros = [torch.zeros(_MIN_FLAG_WORDS, device=device, dtype=torch.int32) for _ in "ab"]
+        buffers = _LOOK_BACK_BUFFERS.setdefault(key, _LookBackBuffers(zeros))
+    words = -(-flag_count // 16) * 16
+    with buffers.lock:
+        scratch = buffers.scratch
+        if scratch_count > _MAX_KEPT_SCRATCH:
+            scratch = torch.empty(scratch_count, device=device, dtype=torch.float32)
+        elif scratch is None or scratch.numel() < scratch_count:
+            # Launches still reading the old buffer come first on this stream, which is the
+            # order in which the caching allocator hands its memory out again.
+            size = min(max(scratch_count, 2 * (0 if scratch is None else scratch.numel())),
+                       _MAX_KEPT_SCRATCH)  # fmt: skip
+            scratch = buffers.scratch = torch.empty(size, device=device, dtype=torch.float32)
+        use, other = buffers.turn, 1 - buffers.turn
+        if buffers.flags[use].numel() < words:
+            size = max(words, 2 * buffers.flags[use].numel())
+            buffers.flags[use] = torch.zeros(size, device=device, dtype=torch.int32)
+            buffers.dirty[use] = 0
+        run(scratch, buffers.flags[use], buffers.flags[other], buffers.dirty[other])
+        # Only after a launch: one that raised left both buffers as they were.
+        buffers.dirty[other] = 0
+        buffers.dirty[use] = words
+        buffers.turn = other
 
 
 def _launch_diag_streamed(
