@@ -417,6 +417,39 @@ def _kernels() -> Any:
     return _kernels
 
 
+def _tensor_args(
+    jac: Tensor,
+    rhs: Tensor,
+    h0: Tensor | None,
+    out: Tensor,
+    prev: Tensor | None,
+    grad_jac: Tensor | None,
+) -> tuple[Tensor, ...]:
+    """The six tensors the chunked and look-back kernels take first; an absent one is passed as
+    ``out``, which the kernel never reads in its place (its constexpr flag says it is absent)."""
+    return (
+        jac,
+        rhs,
+        h0 if h0 is not None else out,
+        out,
+        prev if prev is not None else out,
+        grad_jac if grad_jac is not None else out,
+    )
+
+
+def _pass_flags(
+    h0: Tensor | None, reverse: bool, shift: bool, grad_jac: Tensor | None
+) -> dict[str, bool]:
+    """The constexpr flags of a chunked or look-back pass: which way it runs, whether it is the
+    adjoint (``SHIFT``, ``GRAD_JAC``) and whether there is an initial state."""
+    return {
+        "HAS_H0": h0 is not None,
+        "REVERSE": reverse,
+        "SHIFT": shift,
+        "GRAD_JAC": grad_jac is not None,
+    }
+
+
 def _launch_diag_chunked(
     jac: Tensor,
     rhs: Tensor,
@@ -431,18 +464,10 @@ def _launch_diag_chunked(
 ) -> None:
     batch, steps, channels = rhs.shape
     launchable(_kernels().scan_diag_kernel)[(math.ceil(channels / plan.block_d), batch)](
-        jac,
-        rhs,
-        h0 if h0 is not None else out,
-        out,
-        prev if prev is not None else out,
-        grad_jac if grad_jac is not None else out,
+        *_tensor_args(jac, rhs, h0, out, prev, grad_jac),
         steps,
         channels,
-        HAS_H0=h0 is not None,
-        REVERSE=reverse,
-        SHIFT=shift,
-        GRAD_JAC=grad_jac is not None,
+        **_pass_flags(h0, reverse, shift, grad_jac),
         BLOCK_T=plan.block_t,
         BLOCK_D=plan.block_d,
         VEC=plan.vec,
@@ -489,12 +514,7 @@ def _launch_diag_lookback(
 
     def run(scratch: Tensor, flags: Tensor, clear: Tensor, clear_count: int) -> None:
         launchable(kernel)[(n_tiles * n_cols,)](
-            jac,
-            rhs,
-            h0 if h0 is not None else out,
-            out,
-            prev if prev is not None else out,
-            grad_jac if grad_jac is not None else out,
+            *_tensor_args(jac, rhs, h0, out, prev, grad_jac),
             scratch,
             flags,
             clear,
@@ -503,10 +523,7 @@ def _launch_diag_lookback(
             channels,
             n_cols_d,
             n_tiles,
-            HAS_H0=h0 is not None,
-            REVERSE=reverse,
-            SHIFT=shift,
-            GRAD_JAC=grad_jac is not None,
+            **_pass_flags(h0, reverse, shift, grad_jac),
             BLOCK_D=plan.block_d,
             INCLUSIVE_EVERY=plan.inclusive_every,
             WINDOW=plan.window,
