@@ -60,6 +60,25 @@ def test_key_separates_what_triton_specializes(device_zero: None) -> None:
     assert shaped is not None and shaped != base
 
 
+def test_key_of_tma_descriptors_separates_dtype_and_block(device_zero: None) -> None:
+    """Host TMA descriptors (the streamed scan's) relaunch by their base's dtype and block
+    shape; their shape and strides are launch arguments, which a relaunch passes anew."""
+    descriptor = pytest.importorskip("triton.tools.tensor_descriptor").TensorDescriptor
+    rows = torch.zeros(8, 64, 32)
+    base = _launch_key((descriptor.from_tensor(rows, [1, 16, 32]), 64), {"BLOCK_T": 16})
+    assert base is not None
+    longer = torch.zeros(4, 128, 32)
+    same = _launch_key((descriptor.from_tensor(longer, [1, 16, 32]), 64), {"BLOCK_T": 16})
+    assert same == base
+    different = [
+        _launch_key((descriptor.from_tensor(rows.bfloat16(), [1, 16, 32]), 64), {"BLOCK_T": 16}),
+        _launch_key((descriptor.from_tensor(rows, [1, 32, 32]), 64), {"BLOCK_T": 16}),
+        _launch_key((rows, 64), {"BLOCK_T": 16}),
+    ]
+    assert all(key is not None for key in different)
+    assert len({base, *different}) == len(different) + 1
+
+
 def test_key_refuses_arguments_it_cannot_classify(device_zero: None) -> None:
     aligned = _tensor_at(0)
     assert _launch_key((aligned, None), {}) is None
@@ -128,3 +147,20 @@ def test_relaunched_scans_follow_alignment_and_sizes() -> None:
             y = scan_diag(jac, rhs, backend="triton")
             ref = sequential_scan_diag(jac.double(), rhs.double())
             assert_close(y, ref, tol=1e-5, name=f"y D={channels} offset={offset}")
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_relaunched_streamed_scans_follow_lengths_and_widths() -> None:
+    """The streamed pass (host TMA descriptors) relaunched across lengths and widths of the
+    same kind, each against the float64 loop."""
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("the streamed pass needs compute capability >= 9.0")
+    from pararnn_kernels.scan import launch
+
+    for steps, channels in ((100, 64), (37, 96), (100, 64), (200, 32)):
+        jac = 0.9 * torch.rand(3, steps, channels, device="cuda")
+        rhs = torch.randn(3, steps, channels, device="cuda")
+        y = launch.triton_scan_diag(jac, rhs, None, reverse=False, method="streamed")
+        ref = sequential_scan_diag(jac.double(), rhs.double())
+        assert_close(y, ref, tol=1e-5, name=f"y T={steps} D={channels}")

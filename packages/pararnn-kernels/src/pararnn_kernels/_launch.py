@@ -76,7 +76,8 @@ class _Relauncher:
     on the H200's host, 2026-12-04). Here the first launch of a kind of arguments goes through Triton as usual and
     the compiled kernel it returns is kept under a key that separates at least what Triton's
     specialization separates (each tensor's dtype and ``data_ptr() % 16 == 0``; each integer's
-    ``% 16 == 0``, ``== 1`` and width; bools by value; every keyword argument by value, which
+    ``% 16 == 0``, ``== 1`` and width; bools by value; host TMA descriptors by their base's
+    dtype and alignment and their block shape; every keyword argument by value, which
     covers the constexprs and launch options); later launches with the same key go to the
     compiled kernel directly (``CompiledKernel[grid](*all_arguments)``, what Triton's own launch
     ends in). Arguments of any other kind, or keyword arguments that are not hashable or hold a
@@ -144,6 +145,11 @@ def _launch_key(args: Sequence[Any], kwargs: dict[str, Any]) -> Hashable | None:
             append(_int_spec(arg))
         elif isinstance(arg, float):
             append("f")
+        elif isinstance(arg, _descriptor_type()):
+            # Triton specializes a host TMA descriptor on its base's dtype and its block shape
+            # (shape and strides are launch arguments); padding and the TF32 rounding are kept
+            # too, as they change the descriptor the launcher encodes.
+            append(_descriptor_spec(arg))
         else:
             return None
     for value in kwargs.values():
@@ -166,3 +172,29 @@ def _plain_option(value: object) -> bool:
     except TypeError:
         return False
     return True
+
+
+class _NoDescriptor:
+    """Stands in for the descriptor type where this Triton has none (nothing is an instance)."""
+
+
+@functools.cache
+def _descriptor_type() -> type:
+    # Looked up on first use, as _jit_function_type.
+    try:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+    except ImportError:  # pragma: no cover - every supported Triton has it
+        return _NoDescriptor
+    descriptor: type = TensorDescriptor
+    return descriptor
+
+
+def _descriptor_spec(descriptor: Any) -> Hashable:
+    return (
+        "d",
+        descriptor.base.dtype,
+        descriptor.base.data_ptr() % 16 == 0,
+        tuple(descriptor.block_shape),
+        getattr(descriptor, "padding", "zero"),
+        getattr(descriptor, "round_f32_to_tf32", False),
+    )
