@@ -575,14 +575,13 @@ def _with_look_back_buffers(
     (:class:`_LookBackBuffers`). While a CUDA graph is being captured or the call is traced, a
     fresh scratch and a fresh ``torch.zeros`` (the graph or the traced program keeps its own),
     and nothing to clear."""
-    if device.type == "cuda":
-        if not plain_eager() or torch.cuda.is_current_stream_capturing():
-            flags = torch.zeros(flag_count, device=device, dtype=torch.int32)
-            run(torch.empty(scratch_count, device=device, dtype=torch.float32), flags, flags, 0)
-            return
-        stream = _current_stream_handle(device)
-    else:
-        stream = 0  # the interpreter runs each launch to its end before the next
+    cuda = device.type == "cuda"
+    if not plain_eager() or (cuda and torch.cuda.is_current_stream_capturing()):
+        flags = torch.zeros(flag_count, device=device, dtype=torch.int32)
+        run(torch.empty(scratch_count, device=device, dtype=torch.float32), flags, flags, 0)
+        return
+    # The interpreter runs each launch to its end before the next: one "stream".
+    stream = _current_stream_handle(device) if cuda else 0
     key = (device.type, device.index, stream)
     buffers = _LOOK_BACK_BUFFERS.get(key)
     if buffers is None:
