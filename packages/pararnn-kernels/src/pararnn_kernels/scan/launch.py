@@ -512,13 +512,12 @@ def _launch_diag_lookback(
             "RESCAN": plan.rescan,
         }
 
-    def run(scratch: Tensor, flags: Tensor, clear: Tensor, clear_count: int) -> None:
+    def run(scratch: Tensor, flags: Tensor, *clear: Tensor | int) -> None:
         launchable(kernel)[(n_tiles * n_cols,)](
             *_tensor_args(jac, rhs, h0, out, prev, grad_jac),
             scratch,
             flags,
-            clear,
-            clear_count,
+            *clear,
             steps,
             channels,
             n_cols_d,
@@ -531,7 +530,12 @@ def _launch_diag_lookback(
             **shape,
         )
 
-    _with_look_back_buffers(dev, scratch_count, flag_count, run)
+    if plan.method == "tiles":
+        # Its own scratch and zeroed flags: the tiles kernel clears nothing (see its docstring).
+        scratch = torch.empty(scratch_count, device=dev, dtype=torch.float32)
+        run(scratch, torch.zeros(flag_count, device=dev, dtype=torch.int32))
+    else:
+        _with_look_back_buffers(dev, scratch_count, flag_count, run)
 
 
 @dataclass
