@@ -532,8 +532,7 @@ def _launch_diag_lookback(
 
     if plan.method == "tiles":
         # Its own scratch and zeroed flags: the tiles kernel clears nothing (see its docstring).
-        scratch = torch.empty(scratch_count, device=dev, dtype=torch.float32)
-        run(scratch, torch.zeros(flag_count, device=dev, dtype=torch.int32))
+        run(*_fresh_look_back_buffers(dev, scratch_count, flag_count))
     else:
         _with_look_back_buffers(dev, scratch_count, flag_count, run)
 
@@ -568,6 +567,16 @@ def _current_stream_handle(device: torch.device) -> int:
     return int(torch.cuda.current_stream(device).cuda_stream)
 
 
+def _fresh_look_back_buffers(
+    device: torch.device, scratch_count: int, flag_count: int
+) -> tuple[Tensor, Tensor]:
+    """A launch's own look-back scratch (float32, any contents) and flags (int32 zeros)."""
+    return (
+        torch.empty(scratch_count, device=device, dtype=torch.float32),
+        torch.zeros(flag_count, device=device, dtype=torch.int32),
+    )
+
+
 def _with_look_back_buffers(
     device: torch.device,
     scratch_count: int,
@@ -581,8 +590,8 @@ def _with_look_back_buffers(
     and nothing to clear."""
     cuda = device.type == "cuda"
     if not plain_eager() or (cuda and torch.cuda.is_current_stream_capturing()):
-        flags = torch.zeros(flag_count, device=device, dtype=torch.int32)
-        run(torch.empty(scratch_count, device=device, dtype=torch.float32), flags, flags, 0)
+        own_scratch, own_flags = _fresh_look_back_buffers(device, scratch_count, flag_count)
+        run(own_scratch, own_flags, own_flags, 0)
         return
     # The interpreter runs each launch to its end before the next: one "stream".
     stream = _current_stream_handle(device) if cuda else 0
